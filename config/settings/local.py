@@ -1,0 +1,8 @@
+"""Zero-setup development and demo settings: SQLite and an in-process broker by default."""
+
+from config.env import env
+from config.settings.base import *  # noqa: F403
+from config.settings.base import BASE_DIR
+
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+(BASE_DIR / "var").mkdir(exist_ok=True)

@@ -1,0 +1,17 @@
+"""Test settings: PostgreSQL (the tests are about concurrency and locking) and fast hashing."""
+
+from config.env import env
+from config.settings.base import *  # noqa: F403
+from config.settings.base import BASE_DIR
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/prefloop"),
+}
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+ARTIFACT_ROOT = BASE_DIR / "var" / "test-artifacts"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/15")
