@@ -1,7 +1,282 @@
-"""REST API for projects, rounds, imports and serving."""
+"""REST API: one view per operation, thin: validate, call one service, render.
 
+Annotator-facing responses never carry model names, checkpoints, gold flags, assignment
+kinds or other people's labels; researcher-only endpoints check the caller's role.
+"""
+
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied
+from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from annotation import selectors, services
+from annotation.importers import ImportFailed, items_import
+from annotation.models import Membership, Project, Round, TaskKind
+
+
+class ServiceUnavailable(APIException):
+    status_code = 503
+    default_detail = "The database is unavailable; retry with the same idempotency key."
+    default_code = "retry"
 
 
 def exception_handler(exc, context):
+    """Turn service errors into 4xx JSON and lost database connections into a retryable 503."""
+    if isinstance(exc, services.ServiceError):
+        return Response({"detail": exc.message, "code": exc.code}, status=exc.status)
+    if isinstance(exc, OperationalError | InterfaceError) or (
+        isinstance(exc, DatabaseError) and "connection" in str(exc).lower()
+    ):
+        response = Response(
+            {"detail": ServiceUnavailable.default_detail, "code": "retry"}, status=503
+        )
+        response["Retry-After"] = "1"
+        return response
     return drf_exception_handler(exc, context)
+
+
+def _project_for_member(project_id: int, user) -> Project:
+    project = selectors.project_list_for_user(user=user).filter(pk=project_id).first()
+    if project is None:
+        raise NotFound("No such project.")
+    return project
+
+
+def _project_for_manager(project_id: int, user) -> Project:
+    project = _project_for_member(project_id, user)
+    if not selectors.user_can_manage(project_id=project.pk, user=user):
+        raise PermissionDenied("Only the project's researchers may do this.")
+    return project
+
+
+class ProjectOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Project
+        fields = [
+            "id", "name", "rubric", "task_kind", "k", "allow_tie", "allow_both_bad",
+            "ask_strength", "ask_confidence", "ask_rationale",
+        ]
+
+
+class ProjectResearcherOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Project
+        fields = [
+            "id", "name", "rubric", "task_kind", "k", "overlap", "gold_rate", "repeat_rate",
+            "repeat_min_gap", "lease_seconds", "allow_tie", "allow_both_bad", "ask_strength",
+            "ask_confidence", "ask_rationale", "max_text_chars", "created_at",
+        ]
+
+
+class ProjectListApi(APIView):
+    class InputSerializer(serializers.ModelSerializer):
+        class Meta:
+            model = Project
+            fields = [
+                "name", "rubric", "task_kind", "k", "overlap", "gold_rate", "repeat_rate",
+                "repeat_min_gap", "lease_seconds", "allow_tie", "allow_both_bad",
+                "ask_strength", "ask_confidence", "ask_rationale", "max_text_chars",
+            ]
+
+        def validate(self, attrs):
+            kind = attrs.get("task_kind", TaskKind.PAIRWISE)
+            k = attrs.get("k", 2)
+            if kind == TaskKind.PAIRWISE and k != 2:
+                raise serializers.ValidationError({"k": "A pairwise project has k = 2."})
+            if not 2 <= k <= 8:
+                raise serializers.ValidationError({"k": "k must be from 2 to 8."})
+            for rate in ("gold_rate", "repeat_rate"):
+                if not 0 <= attrs.get(rate, 0) <= 1:
+                    raise serializers.ValidationError({rate: "must be between 0 and 1."})
+            if attrs.get("gold_rate", 0) + attrs.get("repeat_rate", 0) > 1:
+                raise serializers.ValidationError("gold_rate + repeat_rate must be at most 1.")
+            if attrs.get("lease_seconds", 300) < 10:
+                raise serializers.ValidationError({"lease_seconds": "must be at least 10."})
+            if attrs.get("overlap", 3) < 1:
+                raise serializers.ValidationError({"overlap": "must be at least 1."})
+            return attrs
+
+    @extend_schema(responses=ProjectOutput(many=True))
+    def get(self, request):
+        projects = selectors.project_list_for_user(user=request.user)
+        return Response(ProjectOutput(projects, many=True).data)
+
+    @extend_schema(request=InputSerializer, responses=ProjectResearcherOutput)
+    def post(self, request):
+        if not request.user.is_staff:
+            raise PermissionDenied("Only staff may create projects.")
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        project = serializer.save()
+        services.membership_set(
+            project=project, user=request.user, role=Membership.Role.RESEARCHER
+        )
+        return Response(ProjectResearcherOutput(project).data, status=status.HTTP_201_CREATED)
+
+
+class ProjectDetailApi(APIView):
+    @extend_schema(responses=ProjectOutput)
+    def get(self, request, project_id: int):
+        project = _project_for_member(project_id, request.user)
+        if selectors.user_can_manage(project_id=project.pk, user=request.user):
+            return Response(ProjectResearcherOutput(project).data)
+        return Response(ProjectOutput(project).data)
+
+
+class MembershipApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        username = serializers.CharField(max_length=150)
+        role = serializers.ChoiceField(choices=Membership.Role.choices, default="annotator")
+
+    @extend_schema(request=InputSerializer)
+    def post(self, request, project_id: int):
+        from django.contrib.auth import get_user_model
+
+        project = _project_for_manager(project_id, request.user)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        user = get_user_model().objects.filter(username=serializer.validated_data["username"])
+        if not user.exists():
+            raise NotFound("No such user.")
+        membership = services.membership_set(
+            project=project, user=user.get(), role=serializer.validated_data["role"]
+        )
+        return Response(
+            {"username": membership.user.username, "role": membership.role,
+             "status": membership.status},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class RoundListApi(APIView):
+    class OutputSerializer(serializers.ModelSerializer):
+        class Meta:
+            model = Round
+            fields = ["id", "number", "status", "model_version", "created_at", "closed_at"]
+
+    @extend_schema(responses=OutputSerializer(many=True))
+    def get(self, request, project_id: int):
+        project = _project_for_manager(project_id, request.user)
+        return Response(self.OutputSerializer(project.rounds.all(), many=True).data)
+
+    @extend_schema(request=None, responses=OutputSerializer)
+    def post(self, request, project_id: int):
+        project = _project_for_manager(project_id, request.user)
+        round_ = services.round_create(project=project)
+        return Response(self.OutputSerializer(round_).data, status=status.HTTP_201_CREATED)
+
+
+class RoundCloseApi(APIView):
+    @extend_schema(request=None)
+    def post(self, request, project_id: int, number: int):
+        project = _project_for_manager(project_id, request.user)
+        round_ = get_object_or_404(Round, project=project, number=number)
+        services.round_close(round_=round_)
+        return Response({"number": round_.number, "status": round_.status})
+
+
+class ImportApi(APIView):
+    parser_classes = [MultiPartParser, FileUploadParser]
+
+    @extend_schema(
+        request={"multipart/form-data": {"type": "object", "properties": {
+            "file": {"type": "string", "format": "binary"},
+            "format": {"type": "string", "enum": ["jsonl", "csv"]},
+            "round": {"type": "integer"}}}},
+    )
+    def post(self, request, project_id: int):
+        project = _project_for_manager(project_id, request.user)
+        upload = request.data.get("file")
+        if upload is None:
+            return Response({"detail": "Send the file as multipart field 'file'.",
+                             "code": "file"}, status=400)
+        fmt = request.data.get("format") or ("csv" if upload.name.endswith(".csv") else "jsonl")
+        if fmt not in ("jsonl", "csv"):
+            return Response({"detail": "format must be jsonl or csv.", "code": "format"},
+                            status=400)
+        round_ = None
+        if request.data.get("round"):
+            round_ = get_object_or_404(Round, project=project, number=request.data["round"])
+        try:
+            report = items_import(project=project, stream=upload.file, fmt=fmt, round_=round_)
+        except ImportFailed as exc:
+            return Response(
+                {
+                    "detail": f"{exc.total_bad} bad line(s); nothing was imported.",
+                    "code": "invalid_import",
+                    "errors": [{"line": line, "error": msg} for line, msg in exc.errors],
+                },
+                status=400,
+            )
+        return Response(report.__dict__, status=status.HTTP_201_CREATED)
+
+
+class NextApi(APIView):
+    @extend_schema(request=None, responses={200: dict, 204: None})
+    def post(self, request, project_id: int):
+        assignment = services.assignment_next(project_id=project_id, user=request.user)
+        if assignment is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(selectors.assignment_payload(assignment=assignment))
+
+
+class SubmitApi(APIView):
+    parser_classes = [JSONParser]
+
+    class InputSerializer(serializers.Serializer):
+        idempotency_key = serializers.CharField(max_length=100, required=False, default="")
+        choice = serializers.CharField(max_length=16, required=False, allow_null=True,
+                                       default=None)
+        ranking = serializers.ListField(child=serializers.IntegerField(), required=False,
+                                        allow_null=True, default=None, max_length=8)
+        strength = serializers.CharField(max_length=16, required=False, allow_blank=True,
+                                         default="")
+        confidence = serializers.IntegerField(required=False, allow_null=True, default=None)
+        rationale = serializers.CharField(required=False, allow_blank=True, default="",
+                                          max_length=10_000, trim_whitespace=False)
+        time_spent_ms = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                                 min_value=0, max_value=86_400_000)
+
+    @extend_schema(request=InputSerializer)
+    def post(self, request, assignment_id: int):
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        result = services.judgment_submit(
+            assignment_id=assignment_id, user=request.user, **serializer.validated_data
+        )
+        return Response(
+            {"judgment_id": result.judgment.pk, "replayed": result.replayed},
+            status=status.HTTP_200_OK if result.replayed else status.HTTP_201_CREATED,
+        )
+
+
+class SkipApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(max_length=500)
+
+    @extend_schema(request=InputSerializer)
+    def post(self, request, assignment_id: int):
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assignment = services.assignment_skip(
+            assignment_id=assignment_id, user=request.user, **serializer.validated_data
+        )
+        return Response({"assignment_id": assignment.pk, "status": assignment.status})
+
+
+class HeartbeatApi(APIView):
+    @extend_schema(request=None)
+    def post(self, request, assignment_id: int):
+        assignment = services.assignment_heartbeat(assignment_id=assignment_id, user=request.user)
+        return Response({"lease_expires": assignment.lease_expires.isoformat()})
+
+
+class ProgressApi(APIView):
+    def get(self, request, project_id: int):
+        project = _project_for_member(project_id, request.user)
+        return Response(selectors.project_progress(project=project, user=request.user))

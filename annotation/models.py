@@ -261,6 +261,8 @@ class Assignment(models.Model):
     # display slot -> canonical candidate position
     display_order = models.JSONField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.LEASED)
+    # The annotator's judgment count when served; spaces planned repeats.
+    seq = models.PositiveIntegerField(default=0)
     leased_at = models.DateTimeField(auto_now_add=True)
     lease_expires = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -274,7 +276,8 @@ class Assignment(models.Model):
                 name="assignment_once_per_annotator",
             ),
             models.UniqueConstraint(
-                fields=["repeat_of"], condition=Q(kind="repeat"), name="assignment_one_repeat",
+                fields=["repeat_of"], condition=Q(kind="repeat") & ~Q(status="expired"),
+                name="assignment_one_repeat",
             ),
             # At most one live lease per annotator and project.
             models.UniqueConstraint(

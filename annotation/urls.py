@@ -1,3 +1,25 @@
 from django.urls import path
 
-urlpatterns: list = []
+from annotation import apis
+
+urlpatterns = [
+    path("projects/", apis.ProjectListApi.as_view(), name="api-projects"),
+    path("projects/<int:project_id>/", apis.ProjectDetailApi.as_view(), name="api-project"),
+    path("projects/<int:project_id>/members/", apis.MembershipApi.as_view(), name="api-members"),
+    path("projects/<int:project_id>/rounds/", apis.RoundListApi.as_view(), name="api-rounds"),
+    path(
+        "projects/<int:project_id>/rounds/<int:number>/close/",
+        apis.RoundCloseApi.as_view(),
+        name="api-round-close",
+    ),
+    path("projects/<int:project_id>/import/", apis.ImportApi.as_view(), name="api-import"),
+    path("projects/<int:project_id>/next/", apis.NextApi.as_view(), name="api-next"),
+    path("projects/<int:project_id>/progress/", apis.ProgressApi.as_view(), name="api-progress"),
+    path("assignments/<int:assignment_id>/submit/", apis.SubmitApi.as_view(), name="api-submit"),
+    path("assignments/<int:assignment_id>/skip/", apis.SkipApi.as_view(), name="api-skip"),
+    path(
+        "assignments/<int:assignment_id>/heartbeat/",
+        apis.HeartbeatApi.as_view(),
+        name="api-heartbeat",
+    ),
+]

@@ -1,0 +1,358 @@
+"""Import prompts with K candidates (JSONL or CSV) into a round: validated whole, then atomic.
+
+One JSONL line:
+    {"id": "q1", "prompt": "text" | "messages": [{"role": "user", "content": "..."}],
+     "candidates": [{"text": "...", "model_name": "...", "checkpoint_id": "...",
+                     "generation_config": {"temperature": 0.7, "top_p": 0.9, ...}}, ...],
+     "gold": "A" | [1, 2, 3]}            # optional; marks a hidden gold item
+The file is read twice, streaming: a first pass validates every line and reports every bad
+one; only a clean file is written, inside one transaction, in batches.
+"""
+
+import csv
+import hashlib
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import IO
+
+from django.db import transaction
+
+from annotation.models import (
+    Candidate,
+    Choice,
+    Item,
+    ItemCandidate,
+    Project,
+    Prompt,
+    Round,
+    TaskKind,
+)
+
+BATCH = 500
+MAX_ERRORS_REPORTED = 1000
+GENERATION_KEYS = {
+    "template", "temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "stop",
+    "seed", "system_prompt", "tools", "k", "repetition_penalty", "do_sample",
+}
+ROLES = {"system", "user", "assistant", "tool"}
+_WS = re.compile(r"\s+")
+
+
+class ImportFailed(Exception):
+    """The file had bad lines; nothing was written. `errors` lists (line, message)."""
+
+    def __init__(self, errors: list[tuple[int, str]], total_bad: int):
+        self.errors = errors
+        self.total_bad = total_bad
+        super().__init__(f"{total_bad} bad line(s); nothing imported")
+
+
+@dataclass
+class ImportReport:
+    items_created: int = 0
+    prompts_created: int = 0
+    prompts_reused: int = 0
+    candidates_created: int = 0
+    candidates_reused: int = 0
+    duplicate_prompts_in_file: int = 0
+    duplicate_pairs_in_file: int = 0
+    round_id: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def normalise(text: str) -> str:
+    """Return text with outer space stripped and inner runs of white space folded."""
+    return _WS.sub(" ", text.strip())
+
+
+def content_hash(payload) -> str:
+    """Return sha256 of normalised text, or of normalised chat messages."""
+    if isinstance(payload, str):
+        data = normalise(payload)
+    else:
+        data = json.dumps(
+            [[m["role"], normalise(m["content"])] for m in payload], ensure_ascii=False
+        )
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+
+def _validate_messages(messages, where: str) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return f"{where} must be a non-empty list of {{role, content}} messages"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) - {"role", "content"} or "content" not in m:
+            return f"{where}[{i}] must be an object with 'role' and 'content' only"
+        if m.get("role") not in ROLES:
+            return f"{where}[{i}].role must be one of {sorted(ROLES)}"
+        if not isinstance(m["content"], str):
+            return f"{where}[{i}].content must be a string"
+    return None
+
+
+def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
+    """Check one parsed row; return (clean row, problems)."""
+    problems: list[str] = []
+    if not isinstance(row, dict):
+        return None, ["line must be a JSON object"]
+    unknown = set(row) - {"id", "prompt", "messages", "candidates", "gold", "group_key"}
+    if unknown:
+        problems.append(f"unknown field(s): {', '.join(sorted(unknown))}")
+    limit = project.max_text_chars
+    prompt, messages = row.get("prompt"), row.get("messages")
+    if (prompt is None) == (messages is None):
+        problems.append("give exactly one of 'prompt' (text) or 'messages' (chat)")
+    elif prompt is not None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            problems.append("'prompt' must be a non-empty string")
+        elif len(prompt) > limit:
+            problems.append(f"'prompt' is longer than {limit} characters")
+    else:
+        error = _validate_messages(messages, "'messages'")
+        if error:
+            problems.append(error)
+        elif sum(len(m["content"]) for m in messages) > limit:
+            problems.append(f"'messages' are longer than {limit} characters")
+    ext_id = row.get("id", "")
+    if not isinstance(ext_id, str | int) or isinstance(ext_id, bool) or len(str(ext_id)) > 200:
+        problems.append("'id' must be a string or integer of at most 200 characters")
+    cands = row.get("candidates")
+    if not isinstance(cands, list):
+        problems.append("'candidates' must be a list")
+        cands = []
+    elif len(cands) != project.k:
+        problems.append(f"expected {project.k} candidates, got {len(cands)}")
+    clean_cands = []
+    for i, c in enumerate(cands):
+        if isinstance(c, str):
+            c = {"text": c}
+        if not isinstance(c, dict):
+            problems.append(f"candidates[{i}] must be an object or a string")
+            continue
+        extra = set(c) - {"text", "model_name", "checkpoint_id", "generation_config"}
+        if extra:
+            problems.append(f"candidates[{i}] has unknown field(s): {', '.join(sorted(extra))}")
+        text = c.get("text")
+        if not isinstance(text, str) or not text.strip():
+            problems.append(f"candidates[{i}].text must be a non-empty string")
+        elif len(text) > limit:
+            problems.append(f"candidates[{i}].text is longer than {limit} characters")
+        for key in ("model_name", "checkpoint_id"):
+            if not isinstance(c.get(key, ""), str) or len(c.get(key, "")) > 200:
+                problems.append(f"candidates[{i}].{key} must be a string (≤ 200 characters)")
+        gen = c.get("generation_config", {})
+        if not isinstance(gen, dict):
+            problems.append(f"candidates[{i}].generation_config must be an object")
+        else:
+            bad = set(gen) - GENERATION_KEYS
+            if bad:
+                problems.append(
+                    f"candidates[{i}].generation_config has unknown key(s): {', '.join(sorted(bad))}"
+                )
+        clean_cands.append(c)
+    texts = [c.get("text") for c in clean_cands if isinstance(c.get("text"), str)]
+    if len({normalise(t) for t in texts}) < len(texts):
+        problems.append("two candidates of one item have the same text")
+    gold = row.get("gold")
+    if gold is not None:
+        if project.task_kind == TaskKind.PAIRWISE:
+            if gold not in Choice.values:
+                problems.append(f"'gold' must be one of {Choice.values}")
+        elif not (
+            isinstance(gold, list) and len(gold) == project.k
+            and all(isinstance(r, int) and 1 <= r <= project.k for r in gold)
+        ):
+            problems.append(f"'gold' must list {project.k} ranks from 1 to {project.k}")
+    if problems:
+        return None, problems
+    return {**row, "candidates": clean_cands, "id": str(ext_id)}, []
+
+
+def _parse_jsonl(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
+    for number, raw in enumerate(stream, start=1):
+        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line), None
+        except json.JSONDecodeError as exc:
+            yield number, None, f"bad JSON: {exc.msg} at column {exc.colno}"
+
+
+def _parse_csv(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
+    """CSV columns: id, prompt, candidate_1..candidate_K, model_1..model_K, gold (optional)."""
+    text = io.TextIOWrapper(stream, encoding="utf-8") if _is_binary(stream) else stream
+    reader = csv.DictReader(text)
+    for number, rec in enumerate(reader, start=2):
+        k = sum(1 for key in rec if key and key.startswith("candidate_"))
+        row: dict = {"prompt": rec.get("prompt"), "candidates": []}
+        if rec.get("id"):
+            row["id"] = rec["id"]
+        for i in range(1, k + 1):
+            cand = {"text": rec.get(f"candidate_{i}")}
+            if rec.get(f"model_{i}"):
+                cand["model_name"] = rec[f"model_{i}"]
+            row["candidates"].append(cand)
+        if rec.get("gold"):
+            gold = rec["gold"]
+            row["gold"] = json.loads(gold) if gold.startswith("[") else gold
+        yield number, row, None
+
+
+def _is_binary(stream) -> bool:
+    return isinstance(stream, io.BufferedIOBase | io.RawIOBase) or "b" in getattr(
+        stream, "mode", ""
+    )
+
+
+def _rows(stream: IO, fmt: str):
+    stream.seek(0)
+    return _parse_csv(stream) if fmt == "csv" else _parse_jsonl(stream)
+
+
+def items_import(
+    *, project: Project, stream: IO, fmt: str = "jsonl", round_: Round | None = None,
+    progress: Iterable | None = None,
+) -> ImportReport:
+    """Validate a whole file, then create its prompts, candidates and items atomically."""
+    errors: list[tuple[int, str]] = []
+    total_bad = 0
+    seen_ids: set[str] = set()
+    seen_prompts: set[str] = set()
+    seen_pairs: set[frozenset] = set()
+    report = ImportReport()
+    n_rows = 0
+    for number, row, parse_error in _rows(stream, fmt):
+        problems = [parse_error] if parse_error else validate_row(row, project=project)[1]
+        if not problems:
+            n_rows += 1
+            if row.get("id") not in (None, ""):
+                key = str(row["id"])
+                if key in seen_ids:
+                    problems.append(f"duplicate id {key!r} in file")
+                seen_ids.add(key)
+            phash = content_hash(row.get("prompt") or row.get("messages"))
+            if phash in seen_prompts:
+                report.duplicate_prompts_in_file += 1
+            seen_prompts.add(phash)
+            pair = frozenset(content_hash(c["text"] if isinstance(c, dict) else c)
+                             for c in row["candidates"])
+            if (phash, pair) in seen_pairs:
+                problems.append("the same prompt with the same candidates appears earlier")
+            seen_pairs.add((phash, pair))
+        if problems:
+            total_bad += 1
+            if len(errors) < MAX_ERRORS_REPORTED:
+                errors.extend((number, p) for p in problems)
+    if round_ is not None and seen_ids:
+        clash = set(
+            Item.objects.filter(round=round_, external_id__in=list(seen_ids)[:10000])
+            .values_list("external_id", flat=True)
+        )
+        for ext in sorted(clash):
+            errors.append((0, f"id {ext!r} is already in round {round_.number}"))
+            total_bad += 1
+    if total_bad:
+        raise ImportFailed(errors, total_bad)
+    if n_rows == 0:
+        raise ImportFailed([(0, "the file holds no rows")], 1)
+
+    from annotation.services import round_create
+
+    with transaction.atomic():
+        round_ = round_ or round_create(project=project)
+        report.round_id = round_.pk
+        batch: list[dict] = []
+        for _, row, _ in _rows(stream, fmt):
+            batch.append(validate_row(row, project=project)[0])
+            if len(batch) >= BATCH:
+                _write_batch(project, round_, batch, report)
+                batch = []
+        if batch:
+            _write_batch(project, round_, batch, report)
+    return report
+
+
+def _write_batch(project: Project, round_: Round, rows: list[dict], report: ImportReport) -> None:
+    hashes = {}
+    for row in rows:
+        payload = row.get("prompt") or row.get("messages")
+        hashes[content_hash(payload)] = row
+    existing = {
+        p.content_hash: p
+        for p in Prompt.objects.filter(project=project, content_hash__in=list(hashes))
+    }
+    new_prompts = [
+        Prompt(
+            project=project,
+            text=row.get("prompt") or "",
+            messages=row.get("messages"),
+            content_hash=h,
+            group_key=str(row.get("group_key") or ""),
+            external_id=row.get("id", ""),
+        )
+        for h, row in hashes.items()
+        if h not in existing
+    ]
+    report.prompts_reused += len(rows) - len(new_prompts)
+    report.prompts_created += len(new_prompts)
+    Prompt.objects.bulk_create(new_prompts)
+    prompts = {
+        p.content_hash: p
+        for p in Prompt.objects.filter(project=project, content_hash__in=list(hashes))
+    }
+    cand_keys = []
+    for row in rows:
+        prompt = prompts[content_hash(row.get("prompt") or row.get("messages"))]
+        for c in row["candidates"]:
+            cand_keys.append((prompt.pk, content_hash(c["text"]), c.get("model_name", ""), c))
+    existing_c = {
+        (c.prompt_id, c.content_hash, c.model_name): c
+        for c in Candidate.objects.filter(
+            prompt_id__in={k[0] for k in cand_keys},
+            content_hash__in={k[1] for k in cand_keys},
+        )
+    }
+    new_c = {}
+    for pid, h, model, c in cand_keys:
+        key = (pid, h, model)
+        if key in existing_c or key in new_c:
+            report.candidates_reused += 1
+            continue
+        new_c[key] = Candidate(
+            prompt_id=pid,
+            text=c["text"],
+            content_hash=h,
+            model_name=model,
+            checkpoint_id=c.get("checkpoint_id", ""),
+            generation_config=c.get("generation_config", {}),
+        )
+    Candidate.objects.bulk_create(new_c.values())
+    report.candidates_created += len(new_c)
+    existing_c.update(new_c)
+    items, slots = [], []
+    for row in rows:
+        prompt = prompts[content_hash(row.get("prompt") or row.get("messages"))]
+        gold = row.get("gold")
+        item = Item(
+            project=project,
+            round=round_,
+            prompt=prompt,
+            is_gold=gold is not None,
+            gold_answer=gold,
+            external_id=row.get("id", ""),
+        )
+        items.append(item)
+        slots.append(
+            [existing_c[(prompt.pk, content_hash(c["text"]), c.get("model_name", ""))]
+             for c in row["candidates"]]
+        )
+    Item.objects.bulk_create(items)
+    ItemCandidate.objects.bulk_create(
+        ItemCandidate(item=item, candidate=cand, position=pos)
+        for item, cands in zip(items, slots, strict=True)
+        for pos, cand in enumerate(cands)
+    )
+    report.items_created += len(items)

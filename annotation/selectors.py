@@ -1,0 +1,117 @@
+"""Read-side queries: what a caller may see, and the blind payload served to annotators."""
+
+from django.db.models import Count, Q, QuerySet, Sum
+
+from annotation.models import (
+    Assignment,
+    ItemCandidate,
+    Judgment,
+    Membership,
+    Project,
+    Round,
+    TaskKind,
+)
+
+SLOT_LABELS = "ABCDEFGH"
+
+
+def project_list_for_user(*, user) -> QuerySet[Project]:
+    """Return the projects a user may see: all for staff, their memberships otherwise."""
+    if user.is_staff:
+        return Project.objects.all()
+    return Project.objects.filter(memberships__user=user).distinct()
+
+
+def membership_get(*, project_id: int, user) -> Membership | None:
+    """Return the user's membership in a project, or None."""
+    return (
+        Membership.objects.select_related("project")
+        .filter(project_id=project_id, user=user)
+        .first()
+    )
+
+
+def user_can_manage(*, project_id: int, user) -> bool:
+    """Return whether the user may change the project (staff or a researcher in it)."""
+    if user.is_staff:
+        return True
+    return Membership.objects.filter(
+        project_id=project_id, user=user, role=Membership.Role.RESEARCHER
+    ).exists()
+
+
+def user_can_review(*, project_id: int, user) -> bool:
+    """Return whether the user may read other people's labels (staff, researcher, reviewer)."""
+    if user.is_staff:
+        return True
+    return Membership.objects.filter(
+        project_id=project_id,
+        user=user,
+        role__in=[Membership.Role.RESEARCHER, Membership.Role.REVIEWER],
+    ).exists()
+
+
+def project_options(project: Project) -> dict:
+    """Return which answers and extras the project asks for (safe to show annotators)."""
+    choices = ["A", "B"]
+    if project.allow_tie:
+        choices.append("tie")
+    if project.allow_both_bad and project.task_kind == TaskKind.PAIRWISE:
+        choices.append("both_bad")
+    return {
+        "task_kind": project.task_kind,
+        "k": project.k,
+        "choices": choices if project.task_kind == TaskKind.PAIRWISE else [],
+        "allow_tied_ranks": project.task_kind == TaskKind.RANKING and project.allow_tie,
+        "ask_strength": project.ask_strength,
+        "ask_confidence": project.ask_confidence,
+        "ask_rationale": project.ask_rationale,
+    }
+
+
+def assignment_payload(*, assignment: Assignment) -> dict:
+    """Return what an annotator sees for an assignment: no model, checkpoint, gold or kind."""
+    slots = list(
+        ItemCandidate.objects.filter(item_id=assignment.item_id)
+        .select_related("candidate", "item__prompt")
+        .only("position", "candidate__text", "item__prompt__text", "item__prompt__messages")
+    )
+    by_position = {slot.position: slot.candidate.text for slot in slots}
+    prompt = slots[0].item.prompt if slots else None
+    return {
+        "assignment_id": assignment.pk,
+        "project_id": assignment.project_id,
+        "lease_expires": assignment.lease_expires.isoformat(),
+        "prompt": {
+            "text": prompt.text if prompt else "",
+            "messages": prompt.messages if prompt else None,
+        },
+        "candidates": [
+            {"slot": SLOT_LABELS[i], "text": by_position[position]}
+            for i, position in enumerate(assignment.display_order)
+        ],
+    }
+
+
+def project_progress(*, project: Project, user) -> dict:
+    """Return project totals, and the caller's own counts."""
+    rounds = Round.objects.filter(project=project)
+    open_round_ids = list(rounds.filter(status=Round.Status.OPEN).values_list("id", flat=True))
+    items = project.items.filter(round_id__in=open_round_ids, is_gold=False)
+    totals = items.aggregate(
+        n_items=Count("id"),
+        n_complete=Count("id", filter=Q(n_done__gte=project.overlap)),
+        n_done=Sum("n_done"),
+    )
+    needed = (totals["n_items"] or 0) * project.overlap
+    mine = Judgment.objects.filter(project=project, annotator=user).count()
+    return {
+        "project_id": project.pk,
+        "open_rounds": len(open_round_ids),
+        "items": totals["n_items"] or 0,
+        "items_complete": totals["n_complete"] or 0,
+        "judgments_needed": needed,
+        "judgments_done": min(totals["n_done"] or 0, needed),
+        "fraction_complete": (min(totals["n_done"] or 0, needed) / needed) if needed else 0.0,
+        "my_judgments": mine,
+    }

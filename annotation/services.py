@@ -1,0 +1,495 @@
+"""Write-side business logic: serving, submitting, skipping, leases, membership.
+
+Serving is correct under concurrency on PostgreSQL:
+- an annotator's calls are serialised by a row lock on their Membership;
+- items are claimed with `SELECT ... FOR UPDATE SKIP LOCKED` and their `n_taken` counter is
+  bumped in the same transaction, so a concurrent claimer that read a stale row re-checks
+  `n_taken < overlap` on the new row version (PostgreSQL's EvalPlanQual) and moves on;
+- every other path that changes `n_taken` (expiry, skip) locks the item row too.
+"""
+
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, F, OuterRef
+from django.utils import timezone
+
+from annotation.models import (
+    Assignment,
+    Choice,
+    Item,
+    Judgment,
+    LabelSource,
+    Membership,
+    Project,
+    Round,
+    Skip,
+    TaskKind,
+)
+
+PAIRWISE_SHOWN = ("A", "B", "tie", "both_bad")
+EXPIRY_BATCH = 100
+
+
+class ServiceError(Exception):
+    """A request that cannot be carried out; `status` is the HTTP status to answer with."""
+
+    status = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, code: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        if status:
+            self.status = status
+
+
+class NotFound(ServiceError):
+    status = 404
+    code = "not_found"
+
+
+class Forbidden(ServiceError):
+    status = 403
+    code = "forbidden"
+
+
+class Conflict(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    judgment: Judgment
+    replayed: bool
+
+
+def _membership_for_update(*, project_id: int, user) -> Membership:
+    try:
+        return (
+            Membership.objects.select_for_update(of=("self",))
+            .select_related("project")
+            .get(project_id=project_id, user=user)
+        )
+    except Membership.DoesNotExist:
+        raise NotFound("No such project.") from None
+
+
+def leases_expire(*, project_id: int, now=None) -> int:
+    """Mark overdue leases of a project expired and give their items back; return how many."""
+    now = now or timezone.now()
+    overdue = list(
+        Assignment.objects.select_for_update(skip_locked=True)
+        .filter(project_id=project_id, status=Assignment.Status.LEASED, lease_expires__lt=now)
+        .values_list("id", "item_id", "kind")[:EXPIRY_BATCH]
+    )
+    if not overdue:
+        return 0
+    Assignment.objects.filter(id__in=[a[0] for a in overdue]).update(
+        status=Assignment.Status.EXPIRED, finished_at=now
+    )
+    _items_release(item_ids=[item_id for _, item_id, _ in overdue])
+    return len(overdue)
+
+
+def _items_release(*, item_ids: list[int]) -> None:
+    """Decrement `n_taken` once per listed item id, locking items in id order."""
+    counts: dict[int, int] = {}
+    for item_id in item_ids:
+        counts[item_id] = counts.get(item_id, 0) + 1
+    for item_id in sorted(counts):
+        Item.objects.filter(pk=item_id).update(n_taken=F("n_taken") - counts[item_id])
+
+
+def _display_order(k: int, rng: random.Random) -> list[int]:
+    order = list(range(k))
+    rng.shuffle(order)
+    return order
+
+
+def _claim_primary(*, project: Project, user) -> Item | None:
+    seen = Assignment.objects.filter(item=OuterRef("pk"), annotator=user).exclude(
+        status=Assignment.Status.EXPIRED
+    ).exclude(kind=Assignment.Kind.REPEAT)
+    item = (
+        Item.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(
+            project=project,
+            is_gold=False,
+            round__status=Round.Status.OPEN,
+            n_taken__lt=project.overlap,
+        )
+        .filter(~Exists(seen))
+        .order_by("n_taken", "id")
+        .only("id")
+        .first()
+    )
+    if item is not None:
+        Item.objects.filter(pk=item.pk).update(n_taken=F("n_taken") + 1)
+    return item
+
+
+def _claim_gold(*, project: Project, user, rng: random.Random) -> Item | None:
+    seen = Assignment.objects.filter(item=OuterRef("pk"), annotator=user).exclude(
+        status=Assignment.Status.EXPIRED
+    )
+    ids = list(
+        Item.objects.filter(project=project, is_gold=True, round__status=Round.Status.OPEN)
+        .filter(~Exists(seen))
+        .values_list("id", flat=True)[:200]
+    )
+    if not ids:
+        return None
+    item_id = rng.choice(ids)
+    Item.objects.filter(pk=item_id).update(n_taken=F("n_taken") + 1)
+    return Item(pk=item_id)
+
+
+def _claim_repeat(*, membership: Membership) -> Assignment | None:
+    project = membership.project
+    latest_seq = membership.judgment_count - project.repeat_min_gap
+    if latest_seq < 0:
+        return None
+    already = Assignment.objects.filter(repeat_of=OuterRef("pk")).exclude(
+        status=Assignment.Status.EXPIRED
+    )
+    return (
+        Assignment.objects.filter(
+            project=project,
+            annotator_id=membership.user_id,
+            kind=Assignment.Kind.PRIMARY,
+            status=Assignment.Status.SUBMITTED,
+            seq__lte=latest_seq,
+            item__round__status=Round.Status.OPEN,
+        )
+        .filter(~Exists(already))
+        .order_by("seq")
+        .only("id", "item_id", "display_order")
+        .first()
+    )
+
+
+@transaction.atomic
+def assignment_next(*, project_id: int, user, rng: random.Random | None = None) -> Assignment | None:
+    """Return the annotator's live assignment, or claim the next item for them; None when done."""
+    rng = rng or random.Random()
+    membership = _membership_for_update(project_id=project_id, user=user)
+    project = membership.project
+    if membership.status != Membership.Status.ACTIVE:
+        raise Forbidden("Your annotation in this project is paused.", code="paused")
+    now = timezone.now()
+    lease_until = now + timedelta(seconds=project.lease_seconds)
+
+    live = (
+        Assignment.objects.filter(
+            project=project, annotator=user, status=Assignment.Status.LEASED
+        )
+        .order_by("-id")
+        .first()
+    )
+    if live is not None:
+        if live.lease_expires >= now:
+            live.lease_expires = lease_until
+            live.save(update_fields=["lease_expires"])
+            return live
+        # The annotator's own lease ran out: release it before serving anew.
+        Assignment.objects.filter(pk=live.pk).update(
+            status=Assignment.Status.EXPIRED, finished_at=now
+        )
+        if live.kind != Assignment.Kind.REPEAT:
+            _items_release(item_ids=[live.item_id])
+    leases_expire(project_id=project.pk, now=now)
+
+    draw = rng.random()
+    kind, item, repeat_of, order = None, None, None, None
+    if draw < project.gold_rate:
+        item = _claim_gold(project=project, user=user, rng=rng)
+        kind = Assignment.Kind.GOLD
+    elif draw < project.gold_rate + project.repeat_rate:
+        repeat_of = _claim_repeat(membership=membership)
+        if repeat_of is not None:
+            kind = Assignment.Kind.REPEAT
+            item = Item(pk=repeat_of.item_id)
+            # Sides flipped: the same candidates, shown in the reverse order.
+            order = list(reversed(repeat_of.display_order))
+    if item is None:
+        item = _claim_primary(project=project, user=user)
+        kind = Assignment.Kind.PRIMARY
+    if item is None:
+        return None
+    return Assignment.objects.create(
+        project=project,
+        item_id=item.pk,
+        annotator=user,
+        kind=kind,
+        repeat_of=repeat_of,
+        display_order=order or _display_order(project.k, rng),
+        seq=membership.judgment_count,
+        lease_expires=lease_until,
+    )
+
+
+def _assignment_for_update(*, assignment_id: int, user) -> Assignment:
+    try:
+        return (
+            Assignment.objects.select_for_update(of=("self",))
+            .select_related("project")
+            .get(pk=assignment_id, annotator=user)
+        )
+    except Assignment.DoesNotExist:
+        raise NotFound("No such assignment.") from None
+
+
+def _expire_if_overdue(assignment: Assignment, now) -> None:
+    if assignment.status == Assignment.Status.LEASED and assignment.lease_expires < now:
+        Assignment.objects.filter(pk=assignment.pk).update(
+            status=Assignment.Status.EXPIRED, finished_at=now
+        )
+        if assignment.kind != Assignment.Kind.REPEAT:
+            _items_release(item_ids=[assignment.item_id])
+        assignment.status = Assignment.Status.EXPIRED
+
+
+def _pairwise_to_canonical(*, project: Project, shown: str, order: list[int]) -> str:
+    if shown not in PAIRWISE_SHOWN:
+        raise ServiceError(f"choice must be one of {', '.join(PAIRWISE_SHOWN)}.", code="choice")
+    if shown == "tie" and not project.allow_tie:
+        raise ServiceError("This project does not allow ties.", code="choice_disabled")
+    if shown == "both_bad" and not project.allow_both_bad:
+        raise ServiceError("This project does not allow 'both bad'.", code="choice_disabled")
+    if shown in ("tie", "both_bad"):
+        return shown
+    canonical_position = order[0 if shown == "A" else 1]
+    return Choice.A if canonical_position == 0 else Choice.B
+
+
+def _ranking_to_canonical(*, project: Project, ranks, order: list[int]) -> list[int]:
+    k = project.k
+    if not isinstance(ranks, list) or len(ranks) != k:
+        raise ServiceError(f"ranking must list a rank for each of the {k} candidates.",
+                           code="ranking")
+    if not all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= k for r in ranks):
+        raise ServiceError(f"ranks must be whole numbers from 1 to {k}.", code="ranking")
+    distinct = sorted(set(ranks))
+    if len(distinct) < k and not project.allow_tie:
+        raise ServiceError("This project does not allow tied ranks.", code="choice_disabled")
+    # Ranks must be dense from 1 ("1,1,2" and "1,2,3"; not "1,3,3" or "2,2,3").
+    if distinct != list(range(1, len(distinct) + 1)):
+        raise ServiceError("ranks must start at 1 with no gaps (ties share a rank).",
+                           code="ranking")
+    canonical = [0] * k
+    for slot, rank in enumerate(ranks):
+        canonical[order[slot]] = rank
+    return canonical
+
+
+def judgment_submit(
+    *,
+    assignment_id: int,
+    user,
+    idempotency_key: str = "",
+    choice: str | None = None,
+    ranking: list[int] | None = None,
+    strength: str = "",
+    confidence: int | None = None,
+    rationale: str = "",
+    time_spent_ms: int | None = None,
+    source: str = LabelSource.HUMAN,
+) -> SubmitResult:
+    """Record a judgment for a live assignment; a retry with the same key returns the first."""
+    if idempotency_key:
+        previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
+        if previous is not None:
+            return SubmitResult(previous, replayed=True)
+    try:
+        with transaction.atomic():
+            return _judgment_submit_locked(
+                assignment_id=assignment_id, user=user, idempotency_key=idempotency_key,
+                choice=choice, ranking=ranking, strength=strength, confidence=confidence,
+                rationale=rationale, time_spent_ms=time_spent_ms, source=source,
+            )
+    except IntegrityError:
+        # A concurrent retry with the same key won the race; answer with its judgment.
+        if idempotency_key:
+            previous = _judgment_by_key(
+                user=user, key=idempotency_key, assignment_id=assignment_id
+            )
+            if previous is not None:
+                return SubmitResult(previous, replayed=True)
+        raise
+
+
+def _judgment_by_key(*, user, key: str, assignment_id: int) -> Judgment | None:
+    previous = Judgment.objects.filter(annotator=user, idempotency_key=key).first()
+    if previous is not None and previous.assignment_id != assignment_id:
+        raise Conflict("This idempotency key was used for another assignment.",
+                       code="key_reused")
+    return previous
+
+
+def _judgment_submit_locked(
+    *, assignment_id, user, idempotency_key, choice, ranking, strength, confidence,
+    rationale, time_spent_ms, source,
+) -> SubmitResult:
+    assignment = _assignment_for_update(assignment_id=assignment_id, user=user)
+    project = assignment.project
+    now = timezone.now()
+    if assignment.status == Assignment.Status.SUBMITTED:
+        raise Conflict("This assignment was already submitted.", code="already_submitted")
+    _expire_if_overdue(assignment, now)
+    if assignment.status == Assignment.Status.EXPIRED:
+        raise Conflict("The lease on this item expired; ask for the next item.",
+                       code="lease_expired")
+    if assignment.status == Assignment.Status.SKIPPED:
+        raise Conflict("This assignment was skipped.", code="skipped")
+
+    order = assignment.display_order
+    fields = {}
+    if project.task_kind == TaskKind.PAIRWISE:
+        if choice is None or ranking is not None:
+            raise ServiceError("A pairwise item takes a `choice` and no `ranking`.",
+                               code="choice")
+        fields["choice"] = _pairwise_to_canonical(project=project, shown=choice, order=order)
+        fields["shown_choice"] = choice
+    else:
+        if ranking is None or choice is not None:
+            raise ServiceError("A ranking item takes a `ranking` and no `choice`.",
+                               code="ranking")
+        fields["ranking"] = _ranking_to_canonical(project=project, ranks=ranking, order=order)
+        fields["shown_choice"] = ",".join(str(r) for r in ranking)
+    if strength:
+        if not project.ask_strength:
+            raise ServiceError("This project does not ask for strength.", code="choice_disabled")
+        if strength not in Judgment.Strength.values:
+            raise ServiceError("strength must be 'slightly' or 'much'.", code="strength")
+    if confidence is not None:
+        if not project.ask_confidence:
+            raise ServiceError("This project does not ask for confidence.",
+                               code="choice_disabled")
+        if not (isinstance(confidence, int) and 1 <= confidence <= 5):
+            raise ServiceError("confidence must be a whole number from 1 to 5.",
+                               code="confidence")
+    if rationale and not project.ask_rationale:
+        raise ServiceError("This project does not ask for a rationale.", code="choice_disabled")
+    if len(rationale) > 10_000:
+        raise ServiceError("rationale is longer than 10,000 characters.", code="rationale")
+
+    judgment = Judgment.objects.create(
+        project=project,
+        item_id=assignment.item_id,
+        assignment=assignment,
+        annotator=user,
+        strength=strength,
+        confidence=confidence,
+        rationale=rationale,
+        time_spent_ms=time_spent_ms,
+        idempotency_key=idempotency_key,
+        source=source,
+        is_gold=assignment.kind == Assignment.Kind.GOLD,
+        is_repeat=assignment.kind == Assignment.Kind.REPEAT,
+        **fields,
+    )
+    Assignment.objects.filter(pk=assignment.pk).update(
+        status=Assignment.Status.SUBMITTED, finished_at=now
+    )
+    if assignment.kind != Assignment.Kind.REPEAT:
+        Item.objects.filter(pk=assignment.item_id).update(n_done=F("n_done") + 1)
+    Membership.objects.filter(project=project, user=user).update(
+        judgment_count=F("judgment_count") + 1
+    )
+    return SubmitResult(judgment, replayed=False)
+
+
+@transaction.atomic
+def assignment_skip(*, assignment_id: int, user, reason: str) -> Assignment:
+    """Give a leased item back with a reason; the annotator is not served it again."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError("A skip needs a reason.", code="reason")
+    if len(reason) > 500:
+        raise ServiceError("reason is longer than 500 characters.", code="reason")
+    assignment = _assignment_for_update(assignment_id=assignment_id, user=user)
+    if assignment.status == Assignment.Status.SKIPPED:
+        return assignment
+    if assignment.status != Assignment.Status.LEASED:
+        raise Conflict(f"This assignment is {assignment.status}.", code=assignment.status)
+    now = timezone.now()
+    Assignment.objects.filter(pk=assignment.pk).update(
+        status=Assignment.Status.SKIPPED, finished_at=now
+    )
+    Skip.objects.create(assignment=assignment, reason=reason)
+    if assignment.kind != Assignment.Kind.REPEAT:
+        _items_release(item_ids=[assignment.item_id])
+    assignment.status = Assignment.Status.SKIPPED
+    return assignment
+
+
+@transaction.atomic
+def assignment_heartbeat(*, assignment_id: int, user) -> Assignment:
+    """Extend a live lease by the project's lease length."""
+    assignment = _assignment_for_update(assignment_id=assignment_id, user=user)
+    now = timezone.now()
+    _expire_if_overdue(assignment, now)
+    if assignment.status != Assignment.Status.LEASED:
+        raise Conflict(
+            "The lease on this item expired; ask for the next item."
+            if assignment.status == Assignment.Status.EXPIRED
+            else f"This assignment is {assignment.status}.",
+            code="lease_expired" if assignment.status == "expired" else assignment.status,
+        )
+    assignment.lease_expires = now + timedelta(seconds=assignment.project.lease_seconds)
+    Assignment.objects.filter(pk=assignment.pk).update(lease_expires=assignment.lease_expires)
+    return assignment
+
+
+def membership_set(*, project: Project, user, role: str = Membership.Role.ANNOTATOR) -> Membership:
+    """Add a user to a project with a role, or change their role."""
+    if role not in Membership.Role.values:
+        raise ServiceError(f"role must be one of {', '.join(Membership.Role.values)}.",
+                           code="role")
+    membership, _ = Membership.objects.update_or_create(
+        project=project, user=user, defaults={"role": role}
+    )
+    return membership
+
+
+def membership_set_status(
+    *, membership: Membership, status: str, reason: str = "", flagged: bool | None = None
+) -> Membership:
+    """Pause or resume an annotator; paused annotators are not served."""
+    membership.status = status
+    membership.status_reason = reason
+    if flagged is not None:
+        membership.flagged = flagged
+    membership.save(update_fields=["status", "status_reason", "flagged"])
+    return membership
+
+
+@transaction.atomic
+def round_create(*, project: Project, model_version=None, source_key: str = "") -> Round:
+    """Open the project's next round; with a source key, return the round it already made."""
+    if source_key:
+        existing = Round.objects.filter(project=project, source_key=source_key).first()
+        if existing is not None:
+            return existing
+    Project.objects.select_for_update().filter(pk=project.pk).first()
+    last = Round.objects.filter(project=project).order_by("-number").first()
+    return Round.objects.create(
+        project=project,
+        number=(last.number + 1) if last else 1,
+        model_version=model_version,
+        source_key=source_key,
+    )
+
+
+def round_close(*, round_: Round) -> Round:
+    """Stop serving a round's items."""
+    round_.status = Round.Status.CLOSED
+    round_.closed_at = timezone.now()
+    round_.save(update_fields=["status", "closed_at"])
+    return round_

@@ -1,0 +1,62 @@
+"""Factories for tests: plain functions that build real rows."""
+
+import itertools
+
+from django.contrib.auth import get_user_model
+
+from annotation.models import Candidate, Item, ItemCandidate, Membership, Project, Prompt, Round
+from annotation.importers import content_hash
+
+_seq = itertools.count(1)
+
+
+def make_user(username: str | None = None, *, staff: bool = False, password: str = "pw"):
+    username = username or f"user{next(_seq)}"
+    user = get_user_model().objects.create_user(
+        username=username, password=password, is_staff=staff, is_superuser=staff
+    )
+    return user
+
+
+def make_project(**fields) -> Project:
+    fields.setdefault("name", f"project {next(_seq)}")
+    return Project.objects.create(**fields)
+
+
+def add_member(project: Project, user, role: str = Membership.Role.ANNOTATOR) -> Membership:
+    return Membership.objects.create(project=project, user=user, role=role)
+
+
+def make_round(project: Project, number: int | None = None) -> Round:
+    if number is None:
+        number = Round.objects.filter(project=project).count() + 1
+    return Round.objects.create(project=project, number=number)
+
+
+def make_items(
+    project: Project, n: int, *, round_: Round | None = None, gold: list | None = None,
+    models: tuple[str, ...] | None = None,
+) -> list[Item]:
+    """Create n items of project.k candidates; `gold[i]` makes item i gold with that answer."""
+    round_ = round_ or Round.objects.filter(project=project).first() or make_round(project)
+    models = models or tuple(f"model-{j}" for j in range(project.k))
+    items = []
+    for i in range(n):
+        serial = next(_seq)
+        text = f"Prompt {serial}: question {i}?"
+        prompt = Prompt.objects.create(project=project, text=text, content_hash=content_hash(text))
+        answer = gold[i] if gold and i < len(gold) else None
+        item = Item.objects.create(
+            project=project, round=round_, prompt=prompt, is_gold=answer is not None,
+            gold_answer=answer,
+        )
+        for j in range(project.k):
+            ctext = f"answer {j} to {serial}"
+            cand = Candidate.objects.create(
+                prompt=prompt, text=ctext, content_hash=content_hash(ctext),
+                model_name=models[j], checkpoint_id=f"ckpt-{models[j]}",
+                generation_config={"temperature": 0.7, "seed": j},
+            )
+            ItemCandidate.objects.create(item=item, candidate=cand, position=j)
+        items.append(item)
+    return items
