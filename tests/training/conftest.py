@@ -1,0 +1,128 @@
+"""Fixtures for training tests: a local tokenizer, tiny models and synthetic preference data.
+
+Everything is built from a config in a few seconds, with no hub access. Session-scoped
+fixtures return folders; copy one before a test changes it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from training.trainers.common import QUIET_OFFLINE_ENV
+
+for _key, _value in QUIET_OFFLINE_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+
+def arithmetic_rows(
+    n: int, *, seed: int = 0, conversational: bool = False, with_extras: bool = False
+) -> list[dict]:
+    """Return ``n`` preference rows: a correct sum is chosen over a refusal.
+
+    The chosen answer is always distinguishable, so a tiny reward model beats chance in
+    seconds. ``with_extras`` adds margin / soft_label / group_id like the exporter does.
+    """
+    rng = random.Random(seed)
+    refusals = ["I don't know.", "No idea.", "Ask someone else.", "Maybe later."]
+    rows = []
+    for index in range(n):
+        a, b = rng.randint(0, 20), rng.randint(0, 20)
+        prompt = f"What is {a} + {b}?"
+        chosen = f"{a} + {b} = {a + b}."
+        rejected = rng.choice(refusals)
+        if conversational:
+            row = {
+                "prompt": [{"role": "user", "content": prompt}],
+                "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+            }
+        else:
+            row = {"prompt": f"Q: {prompt}\nA:", "chosen": f" {chosen}", "rejected": f" {rejected}"}
+        if with_extras:
+            row["margin"] = float(rng.choice([0.5, 1.0, 2.0]))
+            row["soft_label"] = rng.choice([0.75, 1.0])
+            row["group_id"] = f"g{index // 2}"
+        rows.append(row)
+    return rows
+
+
+def tokenizer_corpus() -> list[str]:
+    """Return texts covering the arithmetic task and the chat layout."""
+    texts = []
+    for row in arithmetic_rows(400, seed=123):
+        texts.append(row["prompt"] + row["chosen"])
+        texts.append(row["prompt"] + row["rejected"])
+    return texts
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory) -> Path:
+    """Return a folder holding a byte-level BPE tokenizer (pad/bos/eos, chat template)."""
+    from training.trainers.tiny import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(tokenizer_corpus(), out, vocab_size=400)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """Return a folder holding a 2-layer, 64-dim GPT-2 causal LM and its tokenizer."""
+    from training.trainers.tiny import build_tiny_causal_lm
+
+    out = tmp_path_factory.mktemp("policy")
+    return build_tiny_causal_lm(tiny_tokenizer, out, n_layer=2, n_embd=64, n_head=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """Return a folder holding a 2-layer GPT-2 sequence classifier (one output)."""
+    from training.trainers.tiny import build_tiny_reward_model
+
+    out = tmp_path_factory.mktemp("reward_model")
+    return build_tiny_reward_model(tiny_tokenizer, out, n_layer=2, n_embd=64, n_head=2)
+
+
+@pytest.fixture
+def make_snapshot(tmp_path):
+    """Return ``make(train=rows, validation=rows, test=rows, manifest=dict) -> Path``."""
+    from training.trainers.data import write_snapshot
+
+    counter = {"n": 0}
+
+    def make(manifest: dict | None = None, **splits: list[dict]) -> Path:
+        counter["n"] += 1
+        return write_snapshot(tmp_path / f"snapshot{counter['n']}", splits, manifest)
+
+    return make
+
+
+def weights_changed(before_dir: Path, after_dir: Path, *, model_class=None) -> bool:
+    """Return whether any shared parameter differs between two saved models."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_class = model_class or AutoModelForCausalLM
+    before = model_class.from_pretrained(str(before_dir)).state_dict()
+    after = model_class.from_pretrained(str(after_dir)).state_dict()
+    shared = [k for k in after if k in before and before[k].shape == after[k].shape]
+    assert shared, "the two models share no parameter"
+    return any(not torch.equal(before[k], after[k]) for k in shared)

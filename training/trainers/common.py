@@ -1,0 +1,659 @@
+"""Shared pieces of every recipe: the base config, run logging, run.json, checkpoints, LoRA."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from training.trainers.data import data_hash, read_manifest
+
+QUIET_OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "DISABLE_MLFLOW_INTEGRATION": "TRUE",
+}
+
+LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers")
+
+
+class ConfigError(ValueError):
+    """A recipe config that cannot be run as written."""
+
+
+def set_quiet_offline_env() -> None:
+    """Keep runs offline and their logs quiet unless the environment says otherwise."""
+    for key, value in QUIET_OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "1":
+        import datasets
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
+    verbosity = os.environ.get("TRANSFORMERS_VERBOSITY")
+    if verbosity:
+        import transformers
+
+        transformers.utils.logging.set_verbosity(
+            transformers.utils.logging.log_levels.get(verbosity, 30)
+        )
+
+
+def attach_logger(trainer, logger: RunLogger) -> None:
+    """Route the trainer's log lines through ``logger`` instead of printing dicts on stdout."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    if logger not in trainer.callback_handler.callbacks:
+        trainer.add_callback(logger)
+
+
+@dataclass
+class BaseRecipeConfig:
+    """Fields shared by every recipe; each recipe subclasses it and adds its own."""
+
+    model_name_or_path: str = field(
+        default="",
+        metadata={
+            "help": "Local folder of the model to start from (no hub access), or the alias "
+            "'minilm' for the bundled all-MiniLM-L6-v2 encoder."
+        },
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Local folder of the tokenizer; defaults to model_name_or_path."},
+    )
+    seed: int = field(
+        default=42,
+        metadata={"help": "Seed for model initialisation, data order and sampling."},
+    )
+    learning_rate: float = field(default=5e-5, metadata={"help": "Peak learning rate of AdamW."})
+    lr_scheduler_type: str = field(
+        default="linear", metadata={"help": "Learning-rate schedule (transformers scheduler name)."}
+    )
+    warmup_ratio: float = field(
+        default=0.0, metadata={"help": "Fraction of the training steps spent warming up."}
+    )
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    num_train_epochs: float = field(
+        default=1.0, metadata={"help": "Epochs over the training split (ignored if max_steps > 0)."}
+    )
+    max_steps: int = field(
+        default=-1, metadata={"help": "Optimizer steps to run; -1 runs num_train_epochs epochs."}
+    )
+    per_device_train_batch_size: int = field(
+        default=8,
+        metadata={"help": "Training batch size per device (pairs for preference recipes)."},
+    )
+    per_device_eval_batch_size: int = field(
+        default=8, metadata={"help": "Evaluation batch size per device."}
+    )
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Micro-batches accumulated per optimizer step."}
+    )
+    max_length: int | None = field(
+        default=512, metadata={"help": "Maximum tokens of prompt + completion."}
+    )
+    logging_steps: int = field(
+        default=10, metadata={"help": "Log training metrics every N optimizer steps."}
+    )
+    eval_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate on the validation split every N steps; None evaluates only at "
+            "the end."
+        },
+    )
+    save_steps: int = field(
+        default=200, metadata={"help": "Write a resumable checkpoint-N folder every N steps."}
+    )
+    save_total_limit: int | None = field(
+        default=2, metadata={"help": "Keep at most this many checkpoint-N folders."}
+    )
+    evaluate_at_end: bool = field(
+        default=True,
+        metadata={"help": "Evaluate on the validation and test splits after training."},
+    )
+    activation_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "Recompute activations in the backward pass (saves memory, ~20% slower)."
+        },
+    )
+    dataloader_num_workers: int = field(
+        default=0,
+        metadata={"help": "DataLoader worker processes; keep 0 inside Celery prefork workers."},
+    )
+    use_lora: bool = field(
+        default=False, metadata={"help": "Train LoRA adapters (PEFT) instead of all weights."}
+    )
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank r."})
+    lora_alpha: int = field(
+        default=32, metadata={"help": "LoRA scaling alpha (update scaled by alpha / r)."}
+    )
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: list[str] | str = field(
+        default="all-linear",
+        metadata={"help": "Modules that get adapters: a list of names or 'all-linear'."},
+    )
+    merge_lora: bool = field(
+        default=True,
+        metadata={
+            "help": "Save final/ as a merged full model (adapters also kept in adapter/); "
+            "False saves only the adapter in final/."
+        },
+    )
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume from the newest checkpoint-N in the output folder (set by --resume); "
+            "starts from scratch when there is none."
+        },
+    )
+    trl_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "Extra keyword arguments passed unchanged to the TRL config (advanced; "
+            "recorded in run.json like every other field)."
+        },
+    )
+
+    def validate(self) -> None:
+        """Raise ConfigError when the fields cannot work together."""
+        if not self.model_name_or_path:
+            raise ConfigError("model_name_or_path is required")
+        check_local_dir("model_name_or_path", self.model_name_or_path)
+        if self.tokenizer_name_or_path:
+            check_local_dir("tokenizer_name_or_path", self.tokenizer_name_or_path)
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError("max_steps must be positive, or -1 to train for num_train_epochs")
+        if self.per_device_train_batch_size < 1 or self.gradient_accumulation_steps < 1:
+            raise ConfigError("batch size and gradient_accumulation_steps must be >= 1")
+        if self.save_steps < 1 or self.logging_steps < 1:
+            raise ConfigError("save_steps and logging_steps must be >= 1")
+        if self.use_lora and self.lora_r < 1:
+            raise ConfigError("lora_r must be >= 1 when use_lora is true")
+
+    def seeds(self) -> dict[str, int]:
+        """Return every seed that shapes this run."""
+        return {"seed": self.seed, "data_seed": self.seed}
+
+
+def check_local_dir(name: str, value: str) -> str:
+    """Resolve a model alias and make sure the folder exists (nothing comes from the hub)."""
+    from training.trainers.tiny import resolve_model_path
+
+    try:
+        path = resolve_model_path(value)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{name}: {exc}") from exc
+    if not Path(path).is_dir():
+        raise ConfigError(f"{name}: no such local folder: {path}")
+    return path
+
+
+def config_from_dict(config_cls: type, values: dict[str, Any]):
+    """Build ``config_cls`` from a mapping, rejecting unknown fields with a clear error."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"config must be a mapping of field names to values, got {type(values)}")
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown config field(s) for {config_cls.__name__}: {', '.join(unknown)}; "
+            f"known fields: {', '.join(sorted(known))}"
+        )
+    try:
+        config = config_cls(**values)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc
+    config.validate()
+    return config
+
+
+def cuda_available() -> bool:
+    """Return whether a CUDA device is visible."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def use_bf16() -> bool:
+    """Return whether bf16 mixed precision is available (a CUDA device that supports it)."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def trainer_kwargs(config: BaseRecipeConfig, output_dir: Path, *, has_eval: bool) -> dict:
+    """Translate the shared config fields into transformers/TRL training arguments."""
+    eval_strategy = "steps" if (has_eval and config.eval_steps) else "no"
+    kwargs = {
+        "output_dir": str(output_dir),
+        "seed": config.seed,
+        "data_seed": config.seed,
+        "learning_rate": config.learning_rate,
+        "lr_scheduler_type": config.lr_scheduler_type,
+        "warmup_steps": config.warmup_ratio,  # transformers 5: a float < 1 is a ratio
+        "weight_decay": config.weight_decay,
+        "max_grad_norm": config.max_grad_norm,
+        "num_train_epochs": config.num_train_epochs,
+        "max_steps": config.max_steps,
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "per_device_eval_batch_size": config.per_device_eval_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "logging_steps": config.logging_steps,
+        "logging_first_step": True,
+        "eval_strategy": eval_strategy,
+        "eval_steps": config.eval_steps if eval_strategy == "steps" else None,
+        "save_strategy": "steps",
+        "save_steps": config.save_steps,
+        "save_total_limit": config.save_total_limit,
+        "bf16": use_bf16(),
+        "fp16": False,
+        "activation_checkpointing": config.activation_checkpointing,
+        "dataloader_num_workers": config.dataloader_num_workers,
+        "dataloader_pin_memory": cuda_available(),
+        "report_to": "none",
+        "disable_tqdm": not sys.stderr.isatty(),
+    }
+    kwargs.update(config.trl_args)
+    return kwargs
+
+
+def make_trl_config(config_cls: type, config: BaseRecipeConfig, **kwargs):
+    """Instantiate a TRL config, turning its argument errors into ConfigError."""
+    try:
+        return config_cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{config_cls.__name__}: {exc}") from exc
+
+
+def lora_config(config: BaseRecipeConfig, task_type: str):
+    """Return a PEFT LoraConfig for ``task_type`` (CAUSAL_LM or SEQ_CLS), or None without LoRA."""
+    if not config.use_lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=config.lora_target_modules,
+        task_type=task_type,
+    )
+
+
+def last_checkpoint(output_dir: Path) -> str | None:
+    """Return the newest ``checkpoint-N`` folder in ``output_dir``, or None."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if not output_dir.is_dir():
+        return None
+    return get_last_checkpoint(str(output_dir))
+
+
+def resume_checkpoint(output_dir: Path, resume: bool, logger: RunLogger) -> str | None:
+    """Pick the checkpoint to resume from, and log the choice."""
+    if not resume:
+        return None
+    checkpoint = last_checkpoint(output_dir)
+    logger.event("resume", checkpoint=checkpoint)
+    if checkpoint is None:
+        logger.info("resume requested but no checkpoint-* found: starting from scratch")
+    else:
+        logger.info(f"resuming from {checkpoint}")
+    return checkpoint
+
+
+def evaluate_split(trainer, dataset, prefix: str) -> dict[str, Any]:
+    """Evaluate ``dataset`` and return its metrics, all named ``<prefix>_*``.
+
+    TRL's trainers name their own metrics ``eval_*`` whatever the prefix; rename them.
+    """
+    metrics = trainer.evaluate(dataset, metric_key_prefix=prefix)
+    return {_rename_prefix(key, prefix): value for key, value in metrics.items()}
+
+
+def _rename_prefix(key: str, prefix: str) -> str:
+    if prefix != "eval" and key.startswith("eval_"):
+        return f"{prefix}_{key[len('eval_') :]}"
+    return key
+
+
+def _eval_prefix(logs: dict[str, Any]) -> str | None:
+    for key in logs:
+        if key.endswith("_runtime") and not key.startswith(("train", "eval")):
+            return key[: -len("_runtime")]
+    return None
+
+
+def save_final(trainer, output_dir: Path, config: BaseRecipeConfig, tokenizer) -> Path:
+    """Save the final model and tokenizer to ``output_dir/final`` (LoRA merged by default)."""
+    final_dir = output_dir / "final"
+    trainer.accelerator.wait_for_everyone()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not trainer.accelerator.is_main_process:
+        return final_dir
+    from accelerate.utils import is_peft_model
+
+    if is_peft_model(model):
+        model.save_pretrained(str(output_dir / "adapter"))
+        tokenizer.save_pretrained(str(output_dir / "adapter"))
+        if config.merge_lora:
+            model = model.merge_and_unload()
+    model.save_pretrained(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+    return final_dir
+
+
+def start_run(
+    recipe: str,
+    config: BaseRecipeConfig,
+    dataset_dir: str | Path,
+    output_dir: str | Path,
+    logger: RunLogger | None,
+) -> tuple[Path, Path, RunLogger]:
+    """Validate, quiet the libraries, seed, and write the first run.json."""
+    set_quiet_offline_env()
+    from transformers import set_seed
+
+    config.validate()
+    dataset_dir, output_dir = Path(dataset_dir), Path(output_dir)
+    logger = logger or RunLogger(output_dir)
+    write_run_json(output_dir, config, dataset_dir, config.seeds(), recipe=recipe, status="running")
+    logger.event("start", recipe=recipe, resume=config.resume)
+    set_seed(config.seed)
+    return dataset_dir, output_dir, logger
+
+
+def final_evaluation(trainer, config: BaseRecipeConfig, splits: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate on the validation (``eval_*``) and test (``test_*``) splits that exist."""
+    metrics: dict[str, Any] = {}
+    if not config.evaluate_at_end:
+        return metrics
+    for name, prefix in (("validation", "eval"), ("test", "test")):
+        dataset = splits.get(name)
+        if dataset is not None and len(dataset):
+            metrics.update(evaluate_split(trainer, dataset, prefix))
+    return metrics
+
+
+def finish_run(
+    recipe: str,
+    trainer,
+    config: BaseRecipeConfig,
+    dataset_dir: Path,
+    output_dir: Path,
+    logger: RunLogger,
+    tokenizer,
+    metrics: dict[str, Any],
+) -> Path:
+    """Save final/, log the final metrics, and complete run.json; return the final folder."""
+    final_dir = save_final(trainer, output_dir, config, tokenizer)
+    metrics.setdefault("global_step", trainer.state.global_step)
+    logger.event("final", **metrics)
+    logger.finish(**{k: v for k, v in metrics.items() if isinstance(v, int | float)})
+    if trainer.accelerator.is_main_process:
+        write_run_json(
+            output_dir,
+            config,
+            dataset_dir,
+            config.seeds(),
+            recipe=recipe,
+            status="finished",
+            final_dir=str(final_dir),
+            final_metrics=metrics,
+            trl_config=_trl_config_dict(trainer.args),
+        )
+    return final_dir
+
+
+def _trl_config_dict(args) -> dict[str, Any]:
+    try:
+        return json.loads(args.to_json_string())
+    except (TypeError, ValueError):  # pragma: no cover - an exotic field that is not JSON
+        return {"repr": repr(args)}
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    """Write JSON to ``path`` so that readers never see a partial file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+class RunLogger(TrainerCallback):
+    """Stream a run's progress to files a supervising process can read.
+
+    Every log event is appended as one JSON object to ``metrics.jsonl``;
+    ``progress.json`` (step, max_steps, fraction, latest metrics) is replaced atomically.
+    Use it as a ``TrainerCallback``, or call ``log``/``progress``/``event`` from a custom loop.
+    Only the main process writes.
+    """
+
+    def __init__(self, output_dir: str | Path, *, echo: bool = True):
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.output_dir / "metrics.jsonl"
+        self.progress_path = self.output_dir / "progress.json"
+        self.echo = echo
+        self.is_main = True
+        self.step = 0
+        self.max_steps = 0
+        self.epoch: float | None = None
+        self.latest: dict[str, Any] = {}
+        self.status = "running"
+        self._last_progress_write = 0.0
+
+    # Plain API, usable outside the HF Trainer.
+    def info(self, message: str) -> None:
+        """Print a human-readable line on stderr."""
+        if self.echo and self.is_main:
+            print(f"[prefloop] {message}", file=sys.stderr, flush=True)
+
+    def event(self, kind: str, **data: Any) -> None:
+        """Append a non-metric event (resume, dropped rows, final metrics) to metrics.jsonl."""
+        self._append({"event": kind, "step": self.step, "time": _now(), **data})
+
+    def log(self, metrics: dict[str, Any], *, step: int | None = None) -> None:
+        """Append metrics at ``step`` and update progress.json."""
+        if step is not None:
+            self.step = step
+        clean = {k: _jsonable(v) for k, v in metrics.items()}
+        self.latest.update(clean)
+        self._append({"step": self.step, "epoch": self.epoch, "time": _now(), **clean})
+        self.write_progress(force=True)
+        shown = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in clean.items()
+        )
+        self.info(f"step {self.step}/{self.max_steps}: {shown}")
+
+    def progress(self, step: int, max_steps: int | None = None) -> None:
+        """Record that ``step`` of ``max_steps`` is done (progress.json at most twice a second)."""
+        self.step = step
+        if max_steps is not None:
+            self.max_steps = max_steps
+        self.write_progress()
+
+    def finish(self, status: str = "finished", **metrics: Any) -> None:
+        """Mark the run as ended in progress.json."""
+        self.status = status
+        self.latest.update({k: _jsonable(v) for k, v in metrics.items()})
+        self.write_progress(force=True)
+
+    def write_progress(self, *, force: bool = False) -> None:
+        """Replace progress.json with the current state."""
+        if not self.is_main:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_progress_write < 0.5:
+            return
+        self._last_progress_write = now
+        fraction = min(1.0, self.step / self.max_steps) if self.max_steps else 0.0
+        if self.status == "finished":
+            fraction = 1.0
+        atomic_write_json(
+            self.progress_path,
+            {
+                "status": self.status,
+                "step": self.step,
+                "max_steps": self.max_steps,
+                "fraction": fraction,
+                "epoch": self.epoch,
+                "metrics": self.latest,
+                "updated_at": _now(),
+            },
+        )
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(record, default=str) + "\n")
+
+    # TrainerCallback hooks.
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.is_main = state.is_world_process_zero
+        self.status = "running"
+        self.progress(state.global_step, state.max_steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.epoch = state.epoch
+        self.progress(state.global_step, state.max_steps)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.is_main = state.is_world_process_zero
+        self.epoch = state.epoch
+        self.max_steps = state.max_steps or self.max_steps
+        logs = dict(logs or {})
+        prefix = _eval_prefix(logs)
+        if prefix:
+            logs = {_rename_prefix(key, prefix): value for key, value in logs.items()}
+        self.log(logs, step=state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.event("checkpoint", path=str(checkpoint))
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, float | int | str | bool) or value is None:
+        return value
+    return str(value)
+
+
+def library_versions() -> dict[str, str | None]:
+    """Return the versions of the libraries that shape training results."""
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_commit() -> dict[str, Any] | None:
+    """Return the commit (and whether the tree is dirty) of the checkout holding this code."""
+    repo = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return None
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def host_info() -> dict[str, Any]:
+    """Return the machine facts that explain speed and numerics."""
+    import torch
+
+    cuda = []
+    if torch.cuda.is_available():
+        cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_devices": cuda,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+    }
+
+
+def write_run_json(
+    output_dir: str | Path,
+    config: Any,
+    dataset_dir: str | Path | None,
+    seeds: dict[str, int],
+    **extra: Any,
+) -> Path:
+    """Write ``output_dir/run.json``: config, data hash, seeds, library versions, git commit, host.
+
+    Called again at the end of a run with ``final_metrics=...``: earlier keys are kept.
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / "run.json"
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    config_dict = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    data = None
+    if dataset_dir is not None:
+        dataset_dir = Path(dataset_dir)
+        data = {
+            "path": str(dataset_dir.resolve()),
+            "hash": data_hash(dataset_dir),
+            "manifest": read_manifest(dataset_dir),
+        }
+    record = {
+        **previous,
+        "config": config_dict,
+        "config_class": f"{type(config).__module__}.{type(config).__qualname__}",
+        "data": data,
+        "seeds": seeds,
+        "versions": library_versions(),
+        "git": git_commit(),
+        "host": host_info(),
+        "started_at": previous.get("started_at", _now()),
+        "updated_at": _now(),
+        **extra,
+    }
+    atomic_write_json(path, record)
+    return path

@@ -1,0 +1,350 @@
+"""Reward-model recipe: Bradley-Terry training of a one-output classifier (TRL RewardTrainer)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.trainers.common import (
+    BaseRecipeConfig,
+    ConfigError,
+    RunLogger,
+    attach_logger,
+    final_evaluation,
+    finish_run,
+    lora_config,
+    make_trl_config,
+    resume_checkpoint,
+    start_run,
+    trainer_kwargs,
+)
+from training.trainers.data import load_preferences
+
+RECIPE = "reward"
+PREPROCESSING_FILE = "prefloop_reward.json"
+OVERLONG_CHOICES = ("truncate_left", "drop")
+
+
+@dataclass
+class Config(BaseRecipeConfig):
+    """Reward-model training settings (Bradley-Terry on preference pairs)."""
+
+    learning_rate: float = field(
+        default=2e-5,
+        metadata={"help": "Peak learning rate (fine-tuning range of BERT-size encoders)."},
+    )
+    num_train_epochs: float = field(
+        default=1.0,
+        metadata={"help": "Epochs; one epoch avoids RM overfitting (Ouyang et al. 2022, §C.2)."},
+    )
+    use_margin: bool = field(
+        default=False,
+        metadata={
+            "help": "Subtract each pair's 'margin' (from annotation strength) inside the "
+            "Bradley-Terry loss, as in Llama 2 (Touvron et al. 2023, Eq. 2)."
+        },
+    )
+    margin_scale: float = field(
+        default=1.0, metadata={"help": "Factor applied to the data's margins when use_margin."}
+    )
+    center_rewards_coefficient: float | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of the mean-zero reward penalty (Eisenstein et al. 2023, Eq. 2); "
+            "0.01 is the recommended value, None turns it off."
+        },
+    )
+    overlong: str = field(
+        default="truncate_left",
+        metadata={
+            "help": "Pairs longer than max_length: 'truncate_left' keeps the leading special "
+            "tokens and the last tokens (where answers differ); 'drop' discards the pair."
+        },
+    )
+    eos_token: str | None = field(
+        default=None,
+        metadata={
+            "help": "Token appended to plain-text sequences; defaults to the tokenizer's eos "
+            "([SEP] for BERT-style tokenizers without one)."
+        },
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.overlong not in OVERLONG_CHOICES:
+            raise ConfigError(f"overlong must be one of {OVERLONG_CHOICES}, got {self.overlong!r}")
+        if self.max_length is not None and self.max_length < 8:
+            raise ConfigError("max_length must be at least 8 tokens")
+
+
+def load_tokenizer(name_or_path: str, eos_token: str | None = None):
+    """Load a tokenizer and give it eos/pad/chat template as the reward recipe needs."""
+    from transformers import AutoTokenizer
+
+    from training.trainers.tiny import prepare_tokenizer, resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    if eos_token is not None:
+        if eos_token not in tokenizer.get_vocab():
+            raise ConfigError(f"eos_token {eos_token!r} is not in the tokenizer's vocabulary")
+        tokenizer.eos_token = eos_token
+    return prepare_tokenizer(tokenizer)
+
+
+def sequence_ids(tokenizer, prompt: Any, completion: Any) -> list[int]:
+    """Tokenize prompt + completion exactly as TRL's RewardTrainer does before its filter.
+
+    Conversations go through the chat template; plain text gets the eos appended.
+    """
+    if isinstance(completion, list):
+        messages = (prompt or []) + completion
+        return list(
+            tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+        )
+    text = (prompt or "") + completion
+    if not text.endswith(tokenizer.eos_token):
+        text += tokenizer.eos_token
+    return list(tokenizer(text)["input_ids"])
+
+
+def leading_special_count(tokenizer) -> int:
+    """Return how many special tokens the tokenizer puts before any text (1 for BERT's [CLS])."""
+    ids = tokenizer("x")["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    count = 0
+    for token_id in ids:
+        if token_id not in special:
+            break
+        count += 1
+    return count
+
+
+def truncate_left(ids: list[int], max_length: int, keep_first: int) -> list[int]:
+    """Keep the first ``keep_first`` tokens and the last tokens, ``max_length`` in all."""
+    if len(ids) <= max_length:
+        return ids
+    keep_first = min(keep_first, max_length - 1)
+    return ids[:keep_first] + ids[len(ids) - (max_length - keep_first) :]
+
+
+@dataclass
+class Preprocessing:
+    """How text becomes reward-model input; saved beside the model so scoring matches training."""
+
+    max_length: int | None
+    overlong: str
+    eos_token: str
+    keep_first: int
+
+    def ids(self, tokenizer, prompt: Any, completion: Any) -> list[int] | None:
+        """Return the input ids of one sequence, or None when it is too long and dropped."""
+        ids = sequence_ids(tokenizer, prompt, completion)
+        if self.max_length is None or len(ids) <= self.max_length:
+            return ids
+        if self.overlong == "drop":
+            return None
+        return truncate_left(ids, self.max_length, self.keep_first)
+
+    def save(self, model_dir: Path) -> None:
+        (model_dir / PREPROCESSING_FILE).write_text(json.dumps(self.__dict__, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, model_dir: Path, tokenizer) -> Preprocessing:
+        path = model_dir / PREPROCESSING_FILE
+        if path.exists():
+            return cls(**json.loads(path.read_text()))
+        return cls(
+            max_length=None,
+            overlong="truncate_left",
+            eos_token=tokenizer.eos_token,
+            keep_first=leading_special_count(tokenizer),
+        )
+
+
+def tokenize_pairs(
+    dataset, tokenizer, prep: Preprocessing, *, use_margin: bool, margin_scale: float
+):
+    """Turn preference rows into TRL's pre-tokenized ``chosen_ids``/``rejected_ids`` columns.
+
+    Returns ``(dataset, counts)``; counts has the pairs kept, truncated and dropped.
+    """
+    counts = {
+        "pairs_in": len(dataset),
+        "truncated": 0,
+        "dropped_overlong": 0,
+        "dropped_identical": 0,
+    }
+    rows = []
+    for row in dataset:
+        prompt = row.get("prompt")
+        raw_chosen = sequence_ids(tokenizer, prompt, row["chosen"])
+        raw_rejected = sequence_ids(tokenizer, prompt, row["rejected"])
+        chosen = prep.ids(tokenizer, prompt, row["chosen"])
+        rejected = prep.ids(tokenizer, prompt, row["rejected"])
+        if chosen is None or rejected is None:
+            counts["dropped_overlong"] += 1
+            continue
+        if chosen == rejected:  # truncation (or the data) left nothing to compare
+            counts["dropped_identical"] += 1
+            continue
+        if len(chosen) < len(raw_chosen) or len(rejected) < len(raw_rejected):
+            counts["truncated"] += 1
+        item = {"chosen_ids": chosen, "rejected_ids": rejected}
+        if use_margin:
+            item["margin"] = float(row["margin"]) * margin_scale
+        rows.append(item)
+    counts["pairs_kept"] = len(rows)
+    from datasets import Dataset
+
+    return Dataset.from_list(rows), counts
+
+
+class RewardScorer:
+    """Score prompt/completion pairs with a saved reward model, preprocessing as in training.
+
+    Callable as a TRL reward function: ``scorer(prompts=..., completions=...) -> list[float]``.
+    """
+
+    def __init__(self, model_dir: str | Path, *, batch_size: int = 16, device: str | None = None):
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        from training.trainers.tiny import resolve_model_path
+
+        self.model_dir = Path(resolve_model_path(str(model_dir)))
+        self.tokenizer = load_tokenizer(str(self.model_dir))
+        self.prep = Preprocessing.load(self.model_dir, self.tokenizer)
+        self.tokenizer.eos_token = self.prep.eos_token
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            str(self.model_dir), num_labels=1, dtype=torch.float32
+        )
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model.eval()
+        self.batch_size = batch_size
+        self.device = device
+        self.__name__ = f"reward_model:{self.model_dir.name}"
+
+    def _device(self):
+        if self.device is None:
+            from accelerate import PartialState
+
+            self.device = str(PartialState().device)
+        return self.device
+
+    def score_ids(self, batch_ids: list[list[int]]) -> list[float]:
+        """Return the reward of each pre-tokenized sequence."""
+        import torch
+        from trl.trainer.utils import pad
+
+        device = self._device()
+        self.model.to(device)
+        scores: list[float] = []
+        for start in range(0, len(batch_ids), self.batch_size):
+            chunk = [torch.tensor(ids) for ids in batch_ids[start : start + self.batch_size]]
+            input_ids = pad(chunk, padding_value=self.tokenizer.pad_token_id, padding_side="right")
+            mask = pad([torch.ones_like(t) for t in chunk], padding_value=0, padding_side="right")
+            with torch.inference_mode():
+                logits = self.model(
+                    input_ids=input_ids.to(device), attention_mask=mask.to(device)
+                ).logits
+            scores.extend(logits[:, 0].float().cpu().tolist())
+        return scores
+
+    def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
+        """Return the reward of each (prompt, completion)."""
+        ids = []
+        for prompt, completion in zip(prompts, completions, strict=True):
+            seq = self.prep.ids(self.tokenizer, prompt, completion)
+            if seq is None:  # a 'drop' model still has to score: keep the end instead
+                seq = truncate_left(
+                    sequence_ids(self.tokenizer, prompt, completion),
+                    self.prep.max_length,
+                    self.prep.keep_first,
+                )
+            ids.append(seq)
+        return self.score_ids(ids)
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        return self.score(prompts, completions)
+
+
+def pairwise_accuracy(scorer: RewardScorer, rows) -> dict[str, float]:
+    """Return the share of pairs whose chosen answer scores strictly higher, and the mean margin."""
+    prompts = [row.get("prompt") for row in rows]
+    chosen = scorer.score(prompts, [row["chosen"] for row in rows])
+    rejected = scorer.score(prompts, [row["rejected"] for row in rows])
+    wins = [c > r for c, r in zip(chosen, rejected, strict=True)]
+    return {
+        "accuracy": sum(wins) / len(wins),
+        "margin": sum(c - r for c, r in zip(chosen, rejected, strict=True)) / len(wins),
+        "n": len(wins),
+    }
+
+
+def train(
+    config: Config,
+    dataset_dir: Path,
+    output_dir: Path,
+    logger: RunLogger | None = None,
+) -> dict[str, Any]:
+    """Train a reward model on a preference snapshot; return the final metrics."""
+    dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
+    from trl import RewardConfig, RewardTrainer
+
+    from training.trainers.tiny import resolve_model_path
+
+    model_path = resolve_model_path(config.model_name_or_path)
+    tokenizer = load_tokenizer(config.tokenizer_name_or_path or model_path, config.eos_token)
+    prep = Preprocessing(
+        max_length=config.max_length,
+        overlong=config.overlong,
+        eos_token=tokenizer.eos_token,
+        keep_first=leading_special_count(tokenizer),
+    )
+    splits = load_preferences(dataset_dir)
+    prepared, counts = {}, {}
+    for name, dataset in splits.items():
+        prepared[name], counts[name] = tokenize_pairs(
+            dataset,
+            tokenizer,
+            prep,
+            use_margin=config.use_margin,
+            margin_scale=config.margin_scale,
+        )
+        logger.event("preprocess", split=name, **counts[name])
+        logger.info(f"{name} pairs: {counts[name]}")
+    if not len(prepared["train"]):
+        raise ConfigError("no training pair is left after preprocessing (see overlong/max_length)")
+
+    eval_dataset = prepared.get("validation")
+    args = make_trl_config(
+        RewardConfig,
+        config,
+        **trainer_kwargs(config, output_dir, has_eval=eval_dataset is not None),
+        max_length=None,  # pairs were length-handled above; TRL would silently drop them
+        center_rewards_coefficient=config.center_rewards_coefficient,
+        eos_token=tokenizer.eos_token,
+        disable_dropout=True,
+    )
+    trainer = RewardTrainer(
+        model=model_path,
+        args=args,
+        train_dataset=prepared["train"],
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(config, "SEQ_CLS"),
+    )
+    attach_logger(trainer, logger)
+    checkpoint = resume_checkpoint(output_dir, config.resume, logger)
+    metrics: dict[str, Any] = dict(trainer.train(resume_from_checkpoint=checkpoint).metrics)
+    metrics.update(final_evaluation(trainer, config, prepared))
+    for name, split_counts in counts.items():
+        metrics.update({f"{name}_{key}": value for key, value in split_counts.items()})
+    final_dir = finish_run(
+        RECIPE, trainer, config, dataset_dir, output_dir, logger, tokenizer, metrics
+    )
+    if trainer.accelerator.is_main_process:
+        prep.save(final_dir)
+    return metrics
