@@ -93,8 +93,17 @@ class AssignmentAdmin(admin.ModelAdmin):
 @admin.register(Judgment)
 class JudgmentAdmin(admin.ModelAdmin):
     list_display = [
-        "id", "project", "item", "annotator", "choice", "ranking", "source", "is_gold",
-        "is_repeat", "qc_flag", "created_at",
+        "id",
+        "project",
+        "item",
+        "annotator",
+        "choice",
+        "ranking",
+        "source",
+        "is_gold",
+        "is_repeat",
+        "qc_flag",
+        "created_at",
     ]
     list_filter = ["source", "choice", "is_gold", "is_repeat", "project"]
     search_fields = ["annotator__username", "rationale", "qc_flag"]

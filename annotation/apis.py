@@ -58,8 +58,16 @@ class ProjectOutput(serializers.ModelSerializer):
     class Meta:
         model = Project
         fields = [
-            "id", "name", "rubric", "task_kind", "k", "allow_tie", "allow_both_bad",
-            "ask_strength", "ask_confidence", "ask_rationale",
+            "id",
+            "name",
+            "rubric",
+            "task_kind",
+            "k",
+            "allow_tie",
+            "allow_both_bad",
+            "ask_strength",
+            "ask_confidence",
+            "ask_rationale",
         ]
 
 
@@ -67,9 +75,23 @@ class ProjectResearcherOutput(serializers.ModelSerializer):
     class Meta:
         model = Project
         fields = [
-            "id", "name", "rubric", "task_kind", "k", "overlap", "gold_rate", "repeat_rate",
-            "repeat_min_gap", "lease_seconds", "allow_tie", "allow_both_bad", "ask_strength",
-            "ask_confidence", "ask_rationale", "max_text_chars", "created_at",
+            "id",
+            "name",
+            "rubric",
+            "task_kind",
+            "k",
+            "overlap",
+            "gold_rate",
+            "repeat_rate",
+            "repeat_min_gap",
+            "lease_seconds",
+            "allow_tie",
+            "allow_both_bad",
+            "ask_strength",
+            "ask_confidence",
+            "ask_rationale",
+            "max_text_chars",
+            "created_at",
         ]
 
 
@@ -78,9 +100,21 @@ class ProjectListApi(APIView):
         class Meta:
             model = Project
             fields = [
-                "name", "rubric", "task_kind", "k", "overlap", "gold_rate", "repeat_rate",
-                "repeat_min_gap", "lease_seconds", "allow_tie", "allow_both_bad",
-                "ask_strength", "ask_confidence", "ask_rationale", "max_text_chars",
+                "name",
+                "rubric",
+                "task_kind",
+                "k",
+                "overlap",
+                "gold_rate",
+                "repeat_rate",
+                "repeat_min_gap",
+                "lease_seconds",
+                "allow_tie",
+                "allow_both_bad",
+                "ask_strength",
+                "ask_confidence",
+                "ask_rationale",
+                "max_text_chars",
             ]
 
         def validate(self, attrs):
@@ -113,9 +147,7 @@ class ProjectListApi(APIView):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         project = serializer.save()
-        services.membership_set(
-            project=project, user=request.user, role=Membership.Role.RESEARCHER
-        )
+        services.membership_set(project=project, user=request.user, role=Membership.Role.RESEARCHER)
         return Response(ProjectResearcherOutput(project).data, status=status.HTTP_201_CREATED)
 
 
@@ -147,8 +179,11 @@ class MembershipApi(APIView):
             project=project, user=user.get(), role=serializer.validated_data["role"]
         )
         return Response(
-            {"username": membership.user.username, "role": membership.role,
-             "status": membership.status},
+            {
+                "username": membership.user.username,
+                "role": membership.role,
+                "status": membership.status,
+            },
             status=status.HTTP_201_CREATED,
         )
 
@@ -184,21 +219,29 @@ class ImportApi(APIView):
     parser_classes = [MultiPartParser, FileUploadParser]
 
     @extend_schema(
-        request={"multipart/form-data": {"type": "object", "properties": {
-            "file": {"type": "string", "format": "binary"},
-            "format": {"type": "string", "enum": ["jsonl", "csv"]},
-            "round": {"type": "integer"}}}},
+        request={
+            "multipart/form-data": {
+                "type": "object",
+                "properties": {
+                    "file": {"type": "string", "format": "binary"},
+                    "format": {"type": "string", "enum": ["jsonl", "csv"]},
+                    "round": {"type": "integer"},
+                },
+            }
+        },
     )
     def post(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
         upload = request.data.get("file")
         if upload is None:
-            return Response({"detail": "Send the file as multipart field 'file'.",
-                             "code": "file"}, status=400)
+            return Response(
+                {"detail": "Send the file as multipart field 'file'.", "code": "file"}, status=400
+            )
         fmt = request.data.get("format") or ("csv" if upload.name.endswith(".csv") else "jsonl")
         if fmt not in ("jsonl", "csv"):
-            return Response({"detail": "format must be jsonl or csv.", "code": "format"},
-                            status=400)
+            return Response(
+                {"detail": "format must be jsonl or csv.", "code": "format"}, status=400
+            )
         round_ = None
         if request.data.get("round"):
             round_ = get_object_or_404(Round, project=project, number=request.data["round"])
@@ -230,17 +273,24 @@ class SubmitApi(APIView):
 
     class InputSerializer(serializers.Serializer):
         idempotency_key = serializers.CharField(max_length=100, required=False, default="")
-        choice = serializers.CharField(max_length=16, required=False, allow_null=True,
-                                       default=None)
-        ranking = serializers.ListField(child=serializers.IntegerField(), required=False,
-                                        allow_null=True, default=None, max_length=8)
-        strength = serializers.CharField(max_length=16, required=False, allow_blank=True,
-                                         default="")
+        choice = serializers.CharField(max_length=16, required=False, allow_null=True, default=None)
+        ranking = serializers.ListField(
+            child=serializers.IntegerField(),
+            required=False,
+            allow_null=True,
+            default=None,
+            max_length=8,
+        )
+        strength = serializers.CharField(
+            max_length=16, required=False, allow_blank=True, default=""
+        )
         confidence = serializers.IntegerField(required=False, allow_null=True, default=None)
-        rationale = serializers.CharField(required=False, allow_blank=True, default="",
-                                          max_length=10_000, trim_whitespace=False)
-        time_spent_ms = serializers.IntegerField(required=False, allow_null=True, default=None,
-                                                 min_value=0, max_value=86_400_000)
+        rationale = serializers.CharField(
+            required=False, allow_blank=True, default="", max_length=10_000, trim_whitespace=False
+        )
+        time_spent_ms = serializers.IntegerField(
+            required=False, allow_null=True, default=None, min_value=0, max_value=86_400_000
+        )
 
     @extend_schema(request=InputSerializer)
     def post(self, request, assignment_id: int):

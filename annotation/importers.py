@@ -34,8 +34,19 @@ from annotation.models import (
 BATCH = 500
 MAX_ERRORS_REPORTED = 1000
 GENERATION_KEYS = {
-    "template", "temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "stop",
-    "seed", "system_prompt", "tools", "k", "repetition_penalty", "do_sample",
+    "template",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_new_tokens",
+    "stop",
+    "seed",
+    "system_prompt",
+    "tools",
+    "k",
+    "repetition_penalty",
+    "do_sample",
 }
 ROLES = {"system", "user", "assistant", "tool"}
 _WS = re.compile(r"\s+")
@@ -148,9 +159,8 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
         else:
             bad = set(gen) - GENERATION_KEYS
             if bad:
-                problems.append(
-                    f"candidates[{i}].generation_config has unknown key(s): {', '.join(sorted(bad))}"
-                )
+                keys = ", ".join(sorted(bad))
+                problems.append(f"candidates[{i}].generation_config has unknown key(s): {keys}")
         clean_cands.append(c)
     texts = [c.get("text") for c in clean_cands if isinstance(c.get("text"), str)]
     if len({normalise(t) for t in texts}) < len(texts):
@@ -161,7 +171,8 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
             if gold not in Choice.values:
                 problems.append(f"'gold' must be one of {Choice.values}")
         elif not (
-            isinstance(gold, list) and len(gold) == project.k
+            isinstance(gold, list)
+            and len(gold) == project.k
             and all(isinstance(r, int) and 1 <= r <= project.k for r in gold)
         ):
             problems.append(f"'gold' must list {project.k} ranks from 1 to {project.k}")
@@ -213,7 +224,11 @@ def _rows(stream: IO, fmt: str):
 
 
 def items_import(
-    *, project: Project, stream: IO, fmt: str = "jsonl", round_: Round | None = None,
+    *,
+    project: Project,
+    stream: IO,
+    fmt: str = "jsonl",
+    round_: Round | None = None,
     progress: Iterable | None = None,
 ) -> ImportReport:
     """Validate a whole file, then create its prompts, candidates and items atomically."""
@@ -237,8 +252,9 @@ def items_import(
             if phash in seen_prompts:
                 report.duplicate_prompts_in_file += 1
             seen_prompts.add(phash)
-            pair = frozenset(content_hash(c["text"] if isinstance(c, dict) else c)
-                             for c in row["candidates"])
+            pair = frozenset(
+                content_hash(c["text"] if isinstance(c, dict) else c) for c in row["candidates"]
+            )
             if (phash, pair) in seen_pairs:
                 problems.append("the same prompt with the same candidates appears earlier")
             seen_pairs.add((phash, pair))
@@ -248,8 +264,9 @@ def items_import(
                 errors.extend((number, p) for p in problems)
     if round_ is not None and seen_ids:
         clash = set(
-            Item.objects.filter(round=round_, external_id__in=list(seen_ids)[:10000])
-            .values_list("external_id", flat=True)
+            Item.objects.filter(round=round_, external_id__in=list(seen_ids)[:10000]).values_list(
+                "external_id", flat=True
+            )
         )
         for ext in sorted(clash):
             errors.append((0, f"id {ext!r} is already in round {round_.number}"))
@@ -346,8 +363,10 @@ def _write_batch(project: Project, round_: Round, rows: list[dict], report: Impo
         )
         items.append(item)
         slots.append(
-            [existing_c[(prompt.pk, content_hash(c["text"]), c.get("model_name", ""))]
-             for c in row["candidates"]]
+            [
+                existing_c[(prompt.pk, content_hash(c["text"]), c.get("model_name", ""))]
+                for c in row["candidates"]
+            ]
         )
     Item.objects.bulk_create(items)
     ItemCandidate.objects.bulk_create(

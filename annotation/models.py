@@ -113,7 +113,10 @@ class Round(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="rounds")
     number = models.PositiveIntegerField()
     model_version = models.ForeignKey(
-        "training.ModelVersion", null=True, blank=True, on_delete=models.PROTECT,
+        "training.ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
         related_name="rounds",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
@@ -127,7 +130,8 @@ class Round(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["project", "number"], name="round_unique_number"),
             models.UniqueConstraint(
-                fields=["project", "source_key"], condition=~Q(source_key=""),
+                fields=["project", "source_key"],
+                condition=~Q(source_key=""),
                 name="round_unique_source_key",
             ),
         ]
@@ -165,7 +169,10 @@ class Candidate(models.Model):
     model_name = models.CharField(max_length=200, blank=True)
     checkpoint_id = models.CharField(max_length=500, blank=True)
     policy_version = models.ForeignKey(
-        "training.ModelVersion", null=True, blank=True, on_delete=models.PROTECT,
+        "training.ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
         related_name="candidates",
     )
     # template, temperature, top_p, top_k, max_tokens, stop, seed, ...
@@ -206,10 +213,12 @@ class Item(models.Model):
                 condition=Q(is_gold=False) | Q(gold_answer__isnull=False),
                 name="item_gold_has_answer",
             ),
-            models.CheckConstraint(condition=Q(n_done__lte=models.F("n_taken")),
-                                   name="item_done_le_taken"),
+            models.CheckConstraint(
+                condition=Q(n_done__lte=models.F("n_taken")), name="item_done_le_taken"
+            ),
             models.UniqueConstraint(
-                fields=["round", "external_id"], condition=~Q(external_id=""),
+                fields=["round", "external_id"],
+                condition=~Q(external_id=""),
                 name="item_unique_external_id",
             ),
         ]
@@ -276,12 +285,14 @@ class Assignment(models.Model):
                 name="assignment_once_per_annotator",
             ),
             models.UniqueConstraint(
-                fields=["repeat_of"], condition=Q(kind="repeat") & ~Q(status="expired"),
+                fields=["repeat_of"],
+                condition=Q(kind="repeat") & ~Q(status="expired"),
                 name="assignment_one_repeat",
             ),
             # At most one live lease per annotator and project.
             models.UniqueConstraint(
-                fields=["project", "annotator"], condition=Q(status="leased"),
+                fields=["project", "annotator"],
+                condition=Q(status="leased"),
                 name="assignment_one_live_lease",
             ),
             models.CheckConstraint(
@@ -290,7 +301,9 @@ class Assignment(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["project", "status", "lease_expires"], name="assignment_lease_idx"),
+            models.Index(
+                fields=["project", "status", "lease_expires"], name="assignment_lease_idx"
+            ),
             models.Index(fields=["annotator", "project", "status"], name="assignment_user_idx"),
         ]
 
@@ -309,7 +322,10 @@ class Judgment(models.Model):
         Assignment, null=True, blank=True, on_delete=models.CASCADE, related_name="judgment"
     )
     annotator = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="judgments",
     )
     external_rater = models.CharField(max_length=200, blank=True)
@@ -324,8 +340,7 @@ class Judgment(models.Model):
     rationale = models.TextField(blank=True)
     time_spent_ms = models.PositiveIntegerField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=100, blank=True)
-    source = models.CharField(max_length=16, choices=LabelSource.choices,
-                              default=LabelSource.HUMAN)
+    source = models.CharField(max_length=16, choices=LabelSource.choices, default=LabelSource.HUMAN)
     is_gold = models.BooleanField(default=False)
     is_repeat = models.BooleanField(default=False)
     # QC marks: labels are flagged, never deleted.
@@ -335,7 +350,8 @@ class Judgment(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["annotator", "idempotency_key"], condition=~Q(idempotency_key=""),
+                fields=["annotator", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
                 name="judgment_idempotency",
             ),
             models.CheckConstraint(
@@ -344,7 +360,8 @@ class Judgment(models.Model):
                 name="judgment_choice_xor_ranking",
             ),
             models.CheckConstraint(
-                condition=Q(confidence__isnull=True) | (Q(confidence__gte=1) & Q(confidence__lte=5)),
+                condition=Q(confidence__isnull=True)
+                | (Q(confidence__gte=1) & Q(confidence__lte=5)),
                 name="judgment_confidence_1_5",
             ),
         ]

@@ -90,10 +90,13 @@ def leases_expire(*, project_id: int, now=None) -> int:
     )
     if not overdue:
         return 0
+    # The rows are locked and still LEASED, so this update moves every one of them.
     Assignment.objects.filter(id__in=[a[0] for a in overdue]).update(
         status=Assignment.Status.EXPIRED, finished_at=now
     )
-    _items_release(item_ids=[item_id for _, item_id, _ in overdue])
+    _items_release(
+        item_ids=[item_id for _, item_id, kind in overdue if kind != Assignment.Kind.REPEAT]
+    )
     return len(overdue)
 
 
@@ -113,9 +116,11 @@ def _display_order(k: int, rng: random.Random) -> list[int]:
 
 
 def _claim_primary(*, project: Project, user) -> Item | None:
-    seen = Assignment.objects.filter(item=OuterRef("pk"), annotator=user).exclude(
-        status=Assignment.Status.EXPIRED
-    ).exclude(kind=Assignment.Kind.REPEAT)
+    seen = (
+        Assignment.objects.filter(item=OuterRef("pk"), annotator=user)
+        .exclude(status=Assignment.Status.EXPIRED)
+        .exclude(kind=Assignment.Kind.REPEAT)
+    )
     item = (
         Item.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(
@@ -175,7 +180,9 @@ def _claim_repeat(*, membership: Membership) -> Assignment | None:
 
 
 @transaction.atomic
-def assignment_next(*, project_id: int, user, rng: random.Random | None = None) -> Assignment | None:
+def assignment_next(
+    *, project_id: int, user, rng: random.Random | None = None
+) -> Assignment | None:
     """Return the annotator's live assignment, or claim the next item for them; None when done."""
     rng = rng or random.Random()
     membership = _membership_for_update(project_id=project_id, user=user)
@@ -186,9 +193,7 @@ def assignment_next(*, project_id: int, user, rng: random.Random | None = None) 
     lease_until = now + timedelta(seconds=project.lease_seconds)
 
     live = (
-        Assignment.objects.filter(
-            project=project, annotator=user, status=Assignment.Status.LEASED
-        )
+        Assignment.objects.filter(project=project, annotator=user, status=Assignment.Status.LEASED)
         .order_by("-id")
         .first()
     )
@@ -198,11 +203,7 @@ def assignment_next(*, project_id: int, user, rng: random.Random | None = None) 
             live.save(update_fields=["lease_expires"])
             return live
         # The annotator's own lease ran out: release it before serving anew.
-        Assignment.objects.filter(pk=live.pk).update(
-            status=Assignment.Status.EXPIRED, finished_at=now
-        )
-        if live.kind != Assignment.Kind.REPEAT:
-            _items_release(item_ids=[live.item_id])
+        _assignment_expire(live, now)
     leases_expire(project_id=project.pk, now=now)
 
     draw = rng.random()
@@ -245,14 +246,19 @@ def _assignment_for_update(*, assignment_id: int, user) -> Assignment:
         raise NotFound("No such assignment.") from None
 
 
+def _assignment_expire(assignment: Assignment, now) -> None:
+    """Expire a lease once: only the caller whose update moved it off LEASED releases the item."""
+    moved = Assignment.objects.filter(pk=assignment.pk, status=Assignment.Status.LEASED).update(
+        status=Assignment.Status.EXPIRED, finished_at=now
+    )
+    if moved and assignment.kind != Assignment.Kind.REPEAT:
+        _items_release(item_ids=[assignment.item_id])
+    assignment.status = Assignment.Status.EXPIRED
+
+
 def _expire_if_overdue(assignment: Assignment, now) -> None:
     if assignment.status == Assignment.Status.LEASED and assignment.lease_expires < now:
-        Assignment.objects.filter(pk=assignment.pk).update(
-            status=Assignment.Status.EXPIRED, finished_at=now
-        )
-        if assignment.kind != Assignment.Kind.REPEAT:
-            _items_release(item_ids=[assignment.item_id])
-        assignment.status = Assignment.Status.EXPIRED
+        _assignment_expire(assignment, now)
 
 
 def _pairwise_to_canonical(*, project: Project, shown: str, order: list[int]) -> str:
@@ -271,8 +277,9 @@ def _pairwise_to_canonical(*, project: Project, shown: str, order: list[int]) ->
 def _ranking_to_canonical(*, project: Project, ranks, order: list[int]) -> list[int]:
     k = project.k
     if not isinstance(ranks, list) or len(ranks) != k:
-        raise ServiceError(f"ranking must list a rank for each of the {k} candidates.",
-                           code="ranking")
+        raise ServiceError(
+            f"ranking must list a rank for each of the {k} candidates.", code="ranking"
+        )
     if not all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= k for r in ranks):
         raise ServiceError(f"ranks must be whole numbers from 1 to {k}.", code="ranking")
     distinct = sorted(set(ranks))
@@ -280,8 +287,9 @@ def _ranking_to_canonical(*, project: Project, ranks, order: list[int]) -> list[
         raise ServiceError("This project does not allow tied ranks.", code="choice_disabled")
     # Ranks must be dense from 1 ("1,1,2" and "1,2,3"; not "1,3,3" or "2,2,3").
     if distinct != list(range(1, len(distinct) + 1)):
-        raise ServiceError("ranks must start at 1 with no gaps (ties share a rank).",
-                           code="ranking")
+        raise ServiceError(
+            "ranks must start at 1 with no gaps (ties share a rank).", code="ranking"
+        )
     canonical = [0] * k
     for slot, rank in enumerate(ranks):
         canonical[order[slot]] = rank
@@ -309,16 +317,21 @@ def judgment_submit(
     try:
         with transaction.atomic():
             return _judgment_submit_locked(
-                assignment_id=assignment_id, user=user, idempotency_key=idempotency_key,
-                choice=choice, ranking=ranking, strength=strength, confidence=confidence,
-                rationale=rationale, time_spent_ms=time_spent_ms, source=source,
+                assignment_id=assignment_id,
+                user=user,
+                idempotency_key=idempotency_key,
+                choice=choice,
+                ranking=ranking,
+                strength=strength,
+                confidence=confidence,
+                rationale=rationale,
+                time_spent_ms=time_spent_ms,
+                source=source,
             )
     except IntegrityError:
         # A concurrent retry with the same key won the race; answer with its judgment.
         if idempotency_key:
-            previous = _judgment_by_key(
-                user=user, key=idempotency_key, assignment_id=assignment_id
-            )
+            previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
             if previous is not None:
                 return SubmitResult(previous, replayed=True)
         raise
@@ -327,14 +340,22 @@ def judgment_submit(
 def _judgment_by_key(*, user, key: str, assignment_id: int) -> Judgment | None:
     previous = Judgment.objects.filter(annotator=user, idempotency_key=key).first()
     if previous is not None and previous.assignment_id != assignment_id:
-        raise Conflict("This idempotency key was used for another assignment.",
-                       code="key_reused")
+        raise Conflict("This idempotency key was used for another assignment.", code="key_reused")
     return previous
 
 
 def _judgment_submit_locked(
-    *, assignment_id, user, idempotency_key, choice, ranking, strength, confidence,
-    rationale, time_spent_ms, source,
+    *,
+    assignment_id,
+    user,
+    idempotency_key,
+    choice,
+    ranking,
+    strength,
+    confidence,
+    rationale,
+    time_spent_ms,
+    source,
 ) -> SubmitResult:
     assignment = _assignment_for_update(assignment_id=assignment_id, user=user)
     project = assignment.project
@@ -343,8 +364,9 @@ def _judgment_submit_locked(
         raise Conflict("This assignment was already submitted.", code="already_submitted")
     _expire_if_overdue(assignment, now)
     if assignment.status == Assignment.Status.EXPIRED:
-        raise Conflict("The lease on this item expired; ask for the next item.",
-                       code="lease_expired")
+        raise Conflict(
+            "The lease on this item expired; ask for the next item.", code="lease_expired"
+        )
     if assignment.status == Assignment.Status.SKIPPED:
         raise Conflict("This assignment was skipped.", code="skipped")
 
@@ -352,14 +374,12 @@ def _judgment_submit_locked(
     fields = {}
     if project.task_kind == TaskKind.PAIRWISE:
         if choice is None or ranking is not None:
-            raise ServiceError("A pairwise item takes a `choice` and no `ranking`.",
-                               code="choice")
+            raise ServiceError("A pairwise item takes a `choice` and no `ranking`.", code="choice")
         fields["choice"] = _pairwise_to_canonical(project=project, shown=choice, order=order)
         fields["shown_choice"] = choice
     else:
         if ranking is None or choice is not None:
-            raise ServiceError("A ranking item takes a `ranking` and no `choice`.",
-                               code="ranking")
+            raise ServiceError("A ranking item takes a `ranking` and no `choice`.", code="ranking")
         fields["ranking"] = _ranking_to_canonical(project=project, ranks=ranking, order=order)
         fields["shown_choice"] = ",".join(str(r) for r in ranking)
     if strength:
@@ -369,11 +389,9 @@ def _judgment_submit_locked(
             raise ServiceError("strength must be 'slightly' or 'much'.", code="strength")
     if confidence is not None:
         if not project.ask_confidence:
-            raise ServiceError("This project does not ask for confidence.",
-                               code="choice_disabled")
+            raise ServiceError("This project does not ask for confidence.", code="choice_disabled")
         if not (isinstance(confidence, int) and 1 <= confidence <= 5):
-            raise ServiceError("confidence must be a whole number from 1 to 5.",
-                               code="confidence")
+            raise ServiceError("confidence must be a whole number from 1 to 5.", code="confidence")
     if rationale and not project.ask_rationale:
         raise ServiceError("This project does not ask for a rationale.", code="choice_disabled")
     if len(rationale) > 10_000:
@@ -450,8 +468,7 @@ def assignment_heartbeat(*, assignment_id: int, user) -> Assignment:
 def membership_set(*, project: Project, user, role: str = Membership.Role.ANNOTATOR) -> Membership:
     """Add a user to a project with a role, or change their role."""
     if role not in Membership.Role.values:
-        raise ServiceError(f"role must be one of {', '.join(Membership.Role.values)}.",
-                           code="role")
+        raise ServiceError(f"role must be one of {', '.join(Membership.Role.values)}.", code="role")
     membership, _ = Membership.objects.update_or_create(
         project=project, user=user, defaults={"role": role}
     )

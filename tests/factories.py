@@ -4,8 +4,8 @@ import itertools
 
 from django.contrib.auth import get_user_model
 
-from annotation.models import Candidate, Item, ItemCandidate, Membership, Project, Prompt, Round
 from annotation.importers import content_hash
+from annotation.models import Candidate, Item, ItemCandidate, Membership, Project, Prompt, Round
 
 _seq = itertools.count(1)
 
@@ -34,7 +34,11 @@ def make_round(project: Project, number: int | None = None) -> Round:
 
 
 def make_items(
-    project: Project, n: int, *, round_: Round | None = None, gold: list | None = None,
+    project: Project,
+    n: int,
+    *,
+    round_: Round | None = None,
+    gold: list | None = None,
     models: tuple[str, ...] | None = None,
 ) -> list[Item]:
     """Create n items of project.k candidates; `gold[i]` makes item i gold with that answer."""
@@ -47,14 +51,20 @@ def make_items(
         prompt = Prompt.objects.create(project=project, text=text, content_hash=content_hash(text))
         answer = gold[i] if gold and i < len(gold) else None
         item = Item.objects.create(
-            project=project, round=round_, prompt=prompt, is_gold=answer is not None,
+            project=project,
+            round=round_,
+            prompt=prompt,
+            is_gold=answer is not None,
             gold_answer=answer,
         )
         for j in range(project.k):
             ctext = f"answer {j} to {serial}"
             cand = Candidate.objects.create(
-                prompt=prompt, text=ctext, content_hash=content_hash(ctext),
-                model_name=models[j], checkpoint_id=f"ckpt-{models[j]}",
+                prompt=prompt,
+                text=ctext,
+                content_hash=content_hash(ctext),
+                model_name=models[j],
+                checkpoint_id=f"ckpt-{models[j]}",
                 generation_config={"temperature": 0.7, "seed": j},
             )
             ItemCandidate.objects.create(item=item, candidate=cand, position=j)

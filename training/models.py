@@ -24,16 +24,25 @@ class TrainingRun(models.Model):
     recipe = models.CharField(max_length=16, choices=Recipe.choices)
     config = models.JSONField(default=dict, blank=True)
     dataset_version = models.ForeignKey(
-        "annotation.DatasetVersion", null=True, blank=True, on_delete=models.PROTECT,
+        "annotation.DatasetVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
         related_name="training_runs",
     )
     base_model = models.ForeignKey(
-        "training.ModelVersion", null=True, blank=True, on_delete=models.PROTECT,
+        "training.ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
         related_name="derived_runs",
     )
     base_model_path = models.CharField(max_length=500, blank=True)
     project = models.ForeignKey(
-        "annotation.Project", null=True, blank=True, on_delete=models.CASCADE,
+        "annotation.Project",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
         related_name="training_runs",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
@@ -83,7 +92,10 @@ class ModelVersion(models.Model):
         TrainingRun, null=True, blank=True, on_delete=models.PROTECT, related_name="model_version"
     )
     dataset_version = models.ForeignKey(
-        "annotation.DatasetVersion", null=True, blank=True, on_delete=models.PROTECT,
+        "annotation.DatasetVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
         related_name="model_versions",
     )
     eval_results = models.JSONField(default=dict, blank=True)

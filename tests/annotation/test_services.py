@@ -137,10 +137,12 @@ def test_submit_is_idempotent_by_key():
     project, (user, *_) = _project()
     make_items(project, 2)
     a = services.assignment_next(project_id=project.pk, user=user)
-    first = services.judgment_submit(assignment_id=a.pk, user=user, choice="A",
-                                     idempotency_key="k1")
-    again = services.judgment_submit(assignment_id=a.pk, user=user, choice="B",
-                                     idempotency_key="k1")
+    first = services.judgment_submit(
+        assignment_id=a.pk, user=user, choice="A", idempotency_key="k1"
+    )
+    again = services.judgment_submit(
+        assignment_id=a.pk, user=user, choice="B", idempotency_key="k1"
+    )
     assert again.replayed and again.judgment.pk == first.judgment.pk
     assert Judgment.objects.count() == 1
     assert Item.objects.get(pk=a.item_id).n_done == 1
