@@ -6,10 +6,10 @@ kinds or other people's labels; researcher-only endpoints check the caller's rol
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied
-from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
+from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -95,7 +95,80 @@ class ProjectResearcherOutput(serializers.ModelSerializer):
         ]
 
 
+class MembershipOutput(serializers.Serializer):
+    username = serializers.CharField()
+    role = serializers.CharField()
+    status = serializers.CharField()
+
+
+class RoundStatusOutput(serializers.Serializer):
+    number = serializers.IntegerField()
+    status = serializers.CharField()
+
+
+class ImportReportOutput(serializers.Serializer):
+    items_created = serializers.IntegerField()
+    prompts_created = serializers.IntegerField()
+    prompts_reused = serializers.IntegerField()
+    candidates_created = serializers.IntegerField()
+    candidates_reused = serializers.IntegerField()
+    duplicate_prompts_in_file = serializers.IntegerField()
+    duplicate_pairs_in_file = serializers.IntegerField()
+    round_id = serializers.IntegerField()
+    notes = serializers.ListField(child=serializers.CharField())
+
+
+class ImportErrorsOutput(serializers.Serializer):
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    errors = serializers.ListField(child=serializers.DictField())
+
+
+class PromptPayload(serializers.Serializer):
+    text = serializers.CharField()
+    messages = serializers.ListField(child=serializers.DictField(), allow_null=True)
+
+
+class CandidatePayload(serializers.Serializer):
+    slot = serializers.CharField()
+    text = serializers.CharField()
+
+
+class AssignmentOutput(serializers.Serializer):
+    assignment_id = serializers.IntegerField()
+    project_id = serializers.IntegerField()
+    lease_expires = serializers.DateTimeField()
+    prompt = PromptPayload()
+    candidates = CandidatePayload(many=True)
+
+
+class SubmitOutput(serializers.Serializer):
+    judgment_id = serializers.IntegerField()
+    replayed = serializers.BooleanField()
+
+
+class AssignmentStatusOutput(serializers.Serializer):
+    assignment_id = serializers.IntegerField()
+    status = serializers.CharField()
+
+
+class HeartbeatOutput(serializers.Serializer):
+    lease_expires = serializers.DateTimeField()
+
+
+class ProgressOutput(serializers.Serializer):
+    project_id = serializers.IntegerField()
+    open_rounds = serializers.IntegerField()
+    items = serializers.IntegerField()
+    items_complete = serializers.IntegerField()
+    judgments_needed = serializers.IntegerField()
+    judgments_done = serializers.IntegerField()
+    fraction_complete = serializers.FloatField()
+    my_judgments = serializers.IntegerField()
+
+
 class ProjectListApi(APIView):
+    @extend_schema_serializer(component_name="ProjectListInput")
     class InputSerializer(serializers.ModelSerializer):
         class Meta:
             model = Project
@@ -161,11 +234,12 @@ class ProjectDetailApi(APIView):
 
 
 class MembershipApi(APIView):
+    @extend_schema_serializer(component_name="MembershipInput")
     class InputSerializer(serializers.Serializer):
         username = serializers.CharField(max_length=150)
         role = serializers.ChoiceField(choices=Membership.Role.choices, default="annotator")
 
-    @extend_schema(request=InputSerializer)
+    @extend_schema(request=InputSerializer, responses={201: MembershipOutput})
     def post(self, request, project_id: int):
         from django.contrib.auth import get_user_model
 
@@ -189,6 +263,7 @@ class MembershipApi(APIView):
 
 
 class RoundListApi(APIView):
+    @extend_schema_serializer(component_name="RoundOutput")
     class OutputSerializer(serializers.ModelSerializer):
         class Meta:
             model = Round
@@ -207,7 +282,7 @@ class RoundListApi(APIView):
 
 
 class RoundCloseApi(APIView):
-    @extend_schema(request=None)
+    @extend_schema(request=None, responses=RoundStatusOutput)
     def post(self, request, project_id: int, number: int):
         project = _project_for_manager(project_id, request.user)
         round_ = get_object_or_404(Round, project=project, number=number)
@@ -216,19 +291,17 @@ class RoundCloseApi(APIView):
 
 
 class ImportApi(APIView):
-    parser_classes = [MultiPartParser, FileUploadParser]
+    parser_classes = [MultiPartParser]
+
+    @extend_schema_serializer(component_name="ImportInput")
+    class InputSerializer(serializers.Serializer):
+        file = serializers.FileField()
+        format = serializers.ChoiceField(choices=["jsonl", "csv"], required=False)
+        round = serializers.IntegerField(required=False)
 
     @extend_schema(
-        request={
-            "multipart/form-data": {
-                "type": "object",
-                "properties": {
-                    "file": {"type": "string", "format": "binary"},
-                    "format": {"type": "string", "enum": ["jsonl", "csv"]},
-                    "round": {"type": "integer"},
-                },
-            }
-        },
+        request=InputSerializer,
+        responses={201: ImportReportOutput, 400: OpenApiResponse(ImportErrorsOutput)},
     )
     def post(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
@@ -260,7 +333,10 @@ class ImportApi(APIView):
 
 
 class NextApi(APIView):
-    @extend_schema(request=None, responses={200: dict, 204: None})
+    @extend_schema(
+        request=None,
+        responses={200: AssignmentOutput, 204: OpenApiResponse(description="Nothing left.")},
+    )
     def post(self, request, project_id: int):
         assignment = services.assignment_next(project_id=project_id, user=request.user)
         if assignment is None:
@@ -271,6 +347,7 @@ class NextApi(APIView):
 class SubmitApi(APIView):
     parser_classes = [JSONParser]
 
+    @extend_schema_serializer(component_name="SubmitInput")
     class InputSerializer(serializers.Serializer):
         idempotency_key = serializers.CharField(max_length=100, required=False, default="")
         choice = serializers.CharField(max_length=16, required=False, allow_null=True, default=None)
@@ -292,7 +369,7 @@ class SubmitApi(APIView):
             required=False, allow_null=True, default=None, min_value=0, max_value=86_400_000
         )
 
-    @extend_schema(request=InputSerializer)
+    @extend_schema(request=InputSerializer, responses={200: SubmitOutput, 201: SubmitOutput})
     def post(self, request, assignment_id: int):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -306,10 +383,11 @@ class SubmitApi(APIView):
 
 
 class SkipApi(APIView):
+    @extend_schema_serializer(component_name="SkipInput")
     class InputSerializer(serializers.Serializer):
         reason = serializers.CharField(max_length=500)
 
-    @extend_schema(request=InputSerializer)
+    @extend_schema(request=InputSerializer, responses=AssignmentStatusOutput)
     def post(self, request, assignment_id: int):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -320,13 +398,14 @@ class SkipApi(APIView):
 
 
 class HeartbeatApi(APIView):
-    @extend_schema(request=None)
+    @extend_schema(request=None, responses=HeartbeatOutput)
     def post(self, request, assignment_id: int):
         assignment = services.assignment_heartbeat(assignment_id=assignment_id, user=request.user)
         return Response({"lease_expires": assignment.lease_expires.isoformat()})
 
 
 class ProgressApi(APIView):
+    @extend_schema(responses=ProgressOutput)
     def get(self, request, project_id: int):
         project = _project_for_member(project_id, request.user)
         return Response(selectors.project_progress(project=project, user=request.user))
