@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ def set_quiet_offline_env() -> None:
 
         transformers.utils.logging.disable_progress_bar()
         datasets.disable_progress_bars()
+    # Deprecation notices from inside the libraries say nothing about this run.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|trl)\.")
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")
     verbosity = os.environ.get("TRANSFORMERS_VERBOSITY")
     if verbosity:
         import transformers
@@ -474,9 +478,9 @@ class RunLogger(TrainerCallback):
         if self.echo and self.is_main:
             print(f"[prefloop] {message}", file=sys.stderr, flush=True)
 
-    def event(self, kind: str, **data: Any) -> None:
+    def event(self, event: str, /, **data: Any) -> None:
         """Append a non-metric event (resume, dropped rows, final metrics) to metrics.jsonl."""
-        self._append({"event": kind, "step": self.step, "time": _now(), **data})
+        self._append({"event": event, "step": self.step, "time": _now(), **data})
 
     def log(self, metrics: dict[str, Any], *, step: int | None = None) -> None:
         """Append metrics at ``step`` and update progress.json."""
@@ -487,7 +491,8 @@ class RunLogger(TrainerCallback):
         self._append({"step": self.step, "epoch": self.epoch, "time": _now(), **clean})
         self.write_progress(force=True)
         shown = ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in clean.items()
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in list(clean.items())[:8]
         )
         self.info(f"step {self.step}/{self.max_steps}: {shown}")
 
