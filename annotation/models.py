@@ -398,24 +398,56 @@ class Adjudication(models.Model):
 
 
 class DatasetVersion(models.Model):
-    """An immutable export snapshot: the rows, the policies that made them and a hash."""
+    """An immutable export snapshot: the rows, the policies that made them and a hash.
+
+    A version is created `building`, its files are written once by `annotation.exports`, and
+    it becomes `ready` (hash, counts, report filled) or `failed` (error). Nothing changes a
+    ready version; a new export makes a new version number.
+    """
+
+    class Status(models.TextChoices):
+        BUILDING = "building"
+        READY = "ready"
+        FAILED = "failed"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="dataset_versions")
     version = models.PositiveIntegerField()
     name = models.CharField(max_length=200, blank=True)
+    format = models.CharField(
+        max_length=32, default="trl", help_text="Row format: trl, hh, raw or unpaired."
+    )
     policies = models.JSONField(default=dict)
     filters = models.JSONField(default=dict, blank=True)
     source_rounds = models.JSONField(default=list, blank=True)
     split_counts = models.JSONField(default=dict, blank=True)
+    # Dedup counts and examples, rows dropped per reason, side-file counts.
+    report = models.JSONField(default=dict, blank=True)
     content_hash = models.CharField(max_length=64, blank=True)
     path = models.CharField(max_length=500, blank=True)
-    status = models.CharField(max_length=16, default="building")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.BUILDING)
     error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="dataset_versions",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        ordering = ["project", "-version"]
         constraints = [
             models.UniqueConstraint(fields=["project", "version"], name="datasetversion_unique"),
+            models.CheckConstraint(
+                condition=Q(status__in=["building", "ready", "failed"]),
+                name="datasetversion_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="ready") | ~Q(content_hash=""),
+                name="datasetversion_ready_has_hash",
+            ),
         ]
 
     def __str__(self) -> str:
