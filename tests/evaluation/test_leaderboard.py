@@ -1,0 +1,277 @@
+"""Bradley-Terry leaderboard checked against choix, Chatbot Arena's fit and hand examples."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import choix
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evaluation.leaderboard import (
+    bootstrap_outcomes,
+    ci_ranks,
+    leaderboard,
+    online_elo,
+    pair_counts,
+)
+
+LN10 = math.log(10)
+
+
+def to_theta(board, models):
+    """Convert Elo-scale ratings back to natural-log strengths in the given model order."""
+    ratings = board.as_dict()
+    return np.array([(ratings[m] - 1000) * LN10 / 400 for m in models])
+
+
+def simulate(n_battles, strengths, seed=0, tie_rate=0.0, both_bad_rate=0.0):
+    """Return battles drawn from a BT model with some outcome-independent ties and both-bad."""
+    rng = np.random.default_rng(seed)
+    n_models = len(strengths)
+    battles = []
+    for _ in range(n_battles):
+        i, j = rng.choice(n_models, 2, replace=False)
+        u = rng.random()
+        decisive = 1 - tie_rate - both_bad_rate
+        p_i = 1 / (1 + math.exp(strengths[j] - strengths[i]))
+        if u < decisive * p_i:
+            outcome = "A"
+        elif u < decisive:
+            outcome = "B"
+        elif u < decisive + tie_rate:
+            outcome = "tie"
+        else:
+            outcome = "both_bad"
+        battles.append((f"m{i}", f"m{j}", outcome))
+    return battles
+
+
+def load_bench():
+    """Import benchmarks/leaderboard_bench.py, which holds the Arena reimplementation."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "leaderboard_bench.py"
+    spec = importlib.util.spec_from_file_location("leaderboard_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class TestAgainstChoix:
+    @pytest.mark.parametrize(
+        ("data", "published"),
+        [
+            # choix tests/data/testcase-pairwise-{1,2}.json, strengths normalised to sum to 3
+            ([[0, 1], [1, 2], [2, 0]], [1.0, 1.0, 1.0]),
+            ([[0, 1], [0, 1], [1, 2], [2, 0]], [1.43586088, 0.62035049, 0.94378863]),
+        ],
+    )
+    def test_choix_published_test_cases(self, data, published):
+        battles = [(str(winner), str(loser), "A") for winner, loser in data]
+        board = leaderboard(battles, n_boot=0)
+        strengths = np.exp(to_theta(board, ["0", "1", "2"]))
+        assert strengths / strengths.sum() * 3 == pytest.approx(published, abs=1e-6)
+
+    def test_matches_ilsr_and_mm_without_ties(self):
+        battles = simulate(4000, np.linspace(-1.5, 1.5, 8), seed=1)
+        index = {f"m{k}": k for k in range(8)}
+        data = [
+            (index[a], index[b]) if outcome == "A" else (index[b], index[a])
+            for a, b, outcome in battles
+        ]
+        theta = to_theta(leaderboard(battles, n_boot=0), list(index))
+        assert theta == pytest.approx(choix.ilsr_pairwise(8, data, tol=1e-12), abs=1e-8)
+        assert theta == pytest.approx(choix.mm_pairwise(8, data, tol=1e-12), abs=1e-6)
+
+    def test_half_ties_match_choix_on_duplicated_votes(self):
+        # Arena's trick: a decisive vote counts twice, a tie once each way.
+        battles = simulate(3000, np.linspace(-1, 1, 6), seed=2, tie_rate=0.3)
+        index = {f"m{k}": k for k in range(6)}
+        data = []
+        for a, b, outcome in battles:
+            i, j = index[a], index[b]
+            if outcome == "A":
+                data += [(i, j), (i, j)]
+            elif outcome == "B":
+                data += [(j, i), (j, i)]
+            else:
+                data += [(i, j), (j, i)]
+        theta = to_theta(leaderboard(battles, n_boot=0, ties="half"), list(index))
+        assert theta == pytest.approx(choix.ilsr_pairwise(6, data, tol=1e-12), abs=1e-8)
+
+
+class TestAgainstArena:
+    def test_matches_arena_compute_mle_elo_within_a_tenth_of_a_point(self):
+        pytest.importorskip("sklearn")
+        pytest.importorskip("pandas")
+        bench = load_bench()
+        battles, _ = bench.simulate_battles(60_000, 12, seed=3)
+        arena = bench.arena_compute_mle_elo(battles)
+        ours = leaderboard(
+            list(battles.itertuples(index=False, name=None)),
+            n_boot=0,
+            ties="half",
+            both_bad="tie",
+        ).as_dict()
+        assert max(abs(ours[m] - arena[m]) for m in arena.index) <= 0.1
+
+    def test_matches_arena_multinomial_bootstrap_spread(self):
+        bench = load_bench()
+        pytest.importorskip("pandas")
+        battles, _ = bench.simulate_battles(30_000, 6, seed=4)
+        arena, models = bench.arena_bootstrap_bt(battles, 200, processes=1, seed=5)
+        ours = leaderboard(
+            list(battles.itertuples(index=False, name=None)),
+            n_boot=200,
+            seed=6,
+            ties="half",
+            both_bad="tie",
+        )
+        ours_sd = dict(zip(ours.models, ours.bootstrap.std(axis=0), strict=True))
+        arena_sd = dict(zip(models, arena.std(axis=0), strict=True))
+        for model in models:
+            assert ours_sd[model] == pytest.approx(arena_sd[model], rel=0.25)
+
+
+class TestBootstrap:
+    def test_multinomial_draws_keep_the_battle_total_and_mean(self):
+        counts = pair_counts(simulate(2000, [0.0, 0.5, 1.0], seed=7, tie_rate=0.2))
+        draws = bootstrap_outcomes(counts, 4000, seed=8)
+        assert (draws.sum(axis=(1, 2)) == 2000).all()
+        assert draws.mean(axis=0) == pytest.approx(counts.outcomes(), rel=0.05, abs=1.0)
+
+    def test_spread_matches_resampling_battles(self):
+        # Given a small tournament, when we bootstrap by resampling battle rows explicitly
+        battles = simulate(1500, [0.0, 0.4, 0.8, 1.2], seed=9)
+        rng = np.random.default_rng(10)
+        explicit = []
+        for _ in range(300):
+            sample = [battles[k] for k in rng.integers(0, len(battles), len(battles))]
+            explicit.append(leaderboard(sample, n_boot=0).as_dict())
+        board = leaderboard(battles, n_boot=300, seed=11)
+        # then the multinomial bootstrap has the same spread
+        for k, model in enumerate(board.models):
+            explicit_sd = np.std([row[model] for row in explicit])
+            assert board.bootstrap[:, k].std() == pytest.approx(explicit_sd, rel=0.2)
+
+    def test_reproducible_with_seed_and_ci_brackets_rating(self):
+        battles = simulate(1000, [0.0, 1.0, 2.0], seed=12)
+        first = leaderboard(battles, n_boot=50, seed=1)
+        second = leaderboard(battles, n_boot=50, seed=1)
+        assert np.array_equal(first.bootstrap, second.bootstrap)
+        for row in first.rows:
+            assert row.ci_low < row.rating < row.ci_high
+
+
+class TestRanks:
+    def test_ci_rank_counts_models_that_are_surely_better(self):
+        lows = np.array([1100.0, 1090.0, 1000.0, 900.0])
+        highs = np.array([1150.0, 1120.0, 1095.0, 980.0])
+        # model 2's upper bound 1095 is below model 0's lower bound 1100 only
+        assert ci_ranks(lows, highs).tolist() == [1, 1, 2, 4]
+
+    def test_rows_sorted_and_counts_reported(self):
+        battles = [("x", "y", "A")] * 30 + [("x", "y", "B")] * 10 + [("y", "x", "tie")] * 4
+        battles += [("x", "y", "both_bad")] * 6
+        board = leaderboard(battles, n_boot=0)
+        x, y = board.rows
+        assert x.model == "x" and y.model == "y"
+        assert (x.wins, x.losses, x.ties, x.both_bad) == (30, 10, 4, 6)
+        assert (y.wins, y.losses, y.n_battles) == (10, 30, 50)
+        # half ties: x has 32 of 44 points; rating gap = 400 log10(32 / 12)
+        assert x.rating - y.rating == pytest.approx(400 * math.log10(32 / 12))
+        assert (x.rating + y.rating) / 2 == pytest.approx(1000)
+
+
+class TestOptions:
+    def test_both_bad_is_excluded_by_default(self):
+        battles = simulate(800, [0.0, 0.7, 1.4], seed=13)
+        extra = battles + [("m0", "m2", "both_bad")] * 200
+        assert leaderboard(extra, n_boot=0).as_dict() == pytest.approx(
+            leaderboard(battles, n_boot=0).as_dict()
+        )
+        as_ties = leaderboard(extra, n_boot=0, both_bad="tie").as_dict()
+        assert (
+            as_ties["m2"] - as_ties["m0"]
+            < leaderboard(battles, n_boot=0).as_dict()["m2"]
+            - (leaderboard(battles, n_boot=0).as_dict()["m0"])
+        )
+
+    def test_arena_outcome_names_are_accepted(self):
+        arena = [("x", "y", "model_a"), ("x", "y", "model_b"), ("x", "y", "tie (bothbad)")]
+        ours = [("x", "y", "A"), ("x", "y", "B"), ("x", "y", "both_bad")]
+        assert pair_counts(arena).outcomes().tolist() == pair_counts(ours).outcomes().tolist()
+
+    def test_anchor_pins_a_model(self):
+        battles = simulate(500, [0.0, 0.5, 1.0], seed=14)
+        board = leaderboard(battles, n_boot=20, anchor=("m1", 1114.0))
+        assert board.as_dict()["m1"] == pytest.approx(1114.0)
+        assert np.allclose(board.bootstrap[:, board.models.index("m1")], 1114.0)
+
+    def test_disconnected_models_need_regularisation(self):
+        battles = [("a", "b", "A"), ("b", "a", "A"), ("c", "d", "A"), ("d", "c", "B")]
+        with pytest.raises(ValueError, match="never compared"):
+            leaderboard(battles, n_boot=0)
+        assert np.isfinite(leaderboard(battles, n_boot=0, l2=0.1).ratings).all()
+
+    def test_unknown_outcome_is_rejected(self):
+        with pytest.raises(ValueError, match="unknown outcome"):
+            pair_counts([("a", "b", "draw")])
+
+    def test_davidson_recovers_tie_parameter_and_strengths(self):
+        # Davidson (1970): P(i>j) = pi_i / (pi_i + pi_j + nu sqrt(pi_i pi_j))
+        rng = np.random.default_rng(15)
+        theta = np.array([-0.8, -0.2, 0.3, 0.7])
+        nu = 0.8
+        battles = []
+        for _ in range(40_000):
+            i, j = rng.choice(4, 2, replace=False)
+            weights = np.array([math.exp(theta[i]), math.exp(theta[j]), 0.0])
+            weights[2] = nu * math.sqrt(weights[0] * weights[1])
+            outcome = rng.choice(["A", "B", "tie"], p=weights / weights.sum())
+            battles.append((f"m{i}", f"m{j}", outcome))
+        board = leaderboard(battles, n_boot=0, ties="davidson")
+        assert board.tie_parameter == pytest.approx(nu, abs=0.05)
+        assert to_theta(board, ["m0", "m1", "m2", "m3"]) == pytest.approx(
+            theta - theta.mean(), abs=0.05
+        )
+
+    def test_davidson_without_ties_equals_bradley_terry(self):
+        battles = simulate(2000, [0.0, 0.5, 1.0], seed=16)
+        davidson = leaderboard(battles, n_boot=0, ties="davidson")
+        assert davidson.tie_parameter < 1e-3
+        assert davidson.as_dict() == pytest.approx(
+            leaderboard(battles, n_boot=0).as_dict(), abs=0.5
+        )
+
+
+class TestInvariances:
+    @settings(max_examples=40, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(st.integers(0, 3), st.integers(0, 3), st.sampled_from("AB")),
+            min_size=1,
+            max_size=60,
+        ),
+        st.randoms(use_true_random=False),
+    )
+    def test_order_and_side_do_not_matter(self, raw, random):
+        battles = [(f"m{i}", f"m{j}", o) for i, j, o in raw if i != j]
+        # make the graph strongly connected so the MLE exists
+        for i in range(4):
+            for j in range(4):
+                if i != j:
+                    battles.append((f"m{i}", f"m{j}", "A"))
+        base = leaderboard(battles, n_boot=0).as_dict()
+        mirrored = [(b, a, {"A": "B", "B": "A"}[o]) for a, b, o in battles]
+        random.shuffle(mirrored)
+        assert leaderboard(mirrored, n_boot=0).as_dict() == pytest.approx(base, abs=1e-8)
+
+
+def test_online_elo_hand_computed():
+    # Elo (1978) update with K = 4: equal ratings, A wins -> +2 / -2; then a tie.
+    ratings = online_elo([("x", "y", "A"), ("x", "y", "tie")])
+    expected_x = 1002 + 4 * (0.5 - 1 / (1 + 10 ** (-4 / 400)))
+    assert ratings["x"] == pytest.approx(expected_x)
+    assert ratings["x"] + ratings["y"] == pytest.approx(2000)
