@@ -147,3 +147,13 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env("DJANGO_LOG_LEVEL", default="WARNING")},
 }
+
+# --- Deploy (issue #10): Swagger UI and Redoc from our own static files -------------------
+# The docs pages load their JS/CSS from drf-spectacular-sidecar instead of a CDN, so the
+# CSP above ('self' only) holds for them too.
+INSTALLED_APPS += ["drf_spectacular_sidecar"]
+SPECTACULAR_SETTINGS |= {
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
