@@ -30,6 +30,8 @@ from annotation.models import (
 )
 
 PAIRWISE_SHOWN = ("A", "B", "tie", "both_bad")
+# Accounts in these groups label as machines; their judgments never pass for human ones.
+SOURCE_GROUPS = {"prefloop:simulated": LabelSource.SIMULATED, "prefloop:ai": LabelSource.AI}
 EXPIRY_BATCH = 100
 
 
@@ -307,9 +309,11 @@ def judgment_submit(
     confidence: int | None = None,
     rationale: str = "",
     time_spent_ms: int | None = None,
-    source: str = LabelSource.HUMAN,
+    source: str | None = None,
 ) -> SubmitResult:
     """Record a judgment for a live assignment; a retry with the same key returns the first."""
+    if source is None:
+        source = label_source_for(user=user)
     if idempotency_key:
         previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
         if previous is not None:
@@ -463,6 +467,31 @@ def assignment_heartbeat(*, assignment_id: int, user) -> Assignment:
     assignment.lease_expires = now + timedelta(seconds=assignment.project.lease_seconds)
     Assignment.objects.filter(pk=assignment.pk).update(lease_expires=assignment.lease_expires)
     return assignment
+
+
+def label_source_for(*, user) -> str:
+    """Return the label source of a user's judgments: human unless a machine account."""
+    group = user.groups.filter(name__in=list(SOURCE_GROUPS)).values_list("name", flat=True)
+    name = group.first()
+    return SOURCE_GROUPS[name] if name else LabelSource.HUMAN
+
+
+def simulated_annotator_ensure(
+    *, project: Project, username: str, source: str = LabelSource.SIMULATED
+) -> str:
+    """Create (or reuse) a machine annotator in a project and return its API token."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from rest_framework.authtoken.models import Token
+
+    group_name = next(g for g, s in SOURCE_GROUPS.items() if s == source)
+    user, created = get_user_model().objects.get_or_create(username=username)
+    if created:
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    user.groups.add(Group.objects.get_or_create(name=group_name)[0])
+    Membership.objects.get_or_create(project=project, user=user)
+    return Token.objects.get_or_create(user=user)[0].key
 
 
 def membership_set(*, project: Project, user, role: str = Membership.Role.ANNOTATOR) -> Membership:
