@@ -1,0 +1,30 @@
+"""Candidate generation from a local policy (training.generation)."""
+
+from training.generation import GenerationSettings, candidate_seed, generate_candidates
+
+
+def test_generates_k_recorded_candidates_per_prompt_reproducibly(tiny_policy_dir):
+    prompts = ["What is 1 + 2?", [{"role": "user", "content": "What is 3 + 4?"}], "Hi"]
+    settings = GenerationSettings(temperature=1.0, top_p=0.9, max_new_tokens=8, seed=5)
+    first = generate_candidates(
+        tiny_policy_dir, prompts, k=3, settings=settings, model_name="tiny-v1"
+    )
+    again = generate_candidates(
+        tiny_policy_dir, prompts, k=3, settings=settings, model_name="tiny-v1"
+    )
+    assert [len(c) for c in first] == [3, 3, 3]
+    assert [[c["text"] for c in row] for row in first] == [
+        [c["text"] for c in row] for row in again
+    ]
+    cand = first[1][2]
+    assert cand["model_name"] == "tiny-v1"
+    config = cand["generation_config"]
+    assert (config["temperature"], config["top_p"], config["max_new_tokens"]) == (1.0, 0.9, 8)
+    assert config["template"].startswith("sha256:") and config["k"] == 3
+    # the three candidates of a prompt come from different seeds
+    assert len({c["generation_config"]["seed"] for c in first[0]}) == 3
+
+
+def test_candidate_seeds_are_stable_and_distinct():
+    assert candidate_seed(1, "p", 0) == candidate_seed(1, "p", 0)
+    assert len({candidate_seed(1, "p", j) for j in range(8)}) == 8
