@@ -38,6 +38,9 @@ class TrainingRun(models.Model):
         related_name="derived_runs",
     )
     base_model_path = models.CharField(max_length=500, blank=True)
+    dataset_path = models.CharField(
+        max_length=500, blank=True, help_text="Snapshot folder when there is no dataset version."
+    )
     project = models.ForeignKey(
         "annotation.Project",
         null=True,
@@ -53,7 +56,13 @@ class TrainingRun(models.Model):
     output_dir = models.CharField(max_length=500, blank=True)
     checkpoint_path = models.CharField(max_length=500, blank=True)
     celery_task_id = models.CharField(max_length=64, blank=True)
+    worker_host = models.CharField(max_length=255, blank=True)
     worker_pid = models.IntegerField(null=True, blank=True)
+    # Process group of the training subprocess (its leader's pid), killed on cancel.
+    child_pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    # One entry per resumed attempt: {"attempt", "checkpoint", "step", "at"}.
+    resumes = models.JSONField(default=list, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL

@@ -1,0 +1,42 @@
+"""Celery tasks of the training app (routed to the `gpu` queue by CELERY_TASK_ROUTES)."""
+
+from __future__ import annotations
+
+from celery import Task, shared_task
+from django.db import InterfaceError, OperationalError
+
+from training import services
+
+
+class TrainingTask(Task):
+    """Record a task's final failure, with its traceback, on the run's row."""
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        run_id = kwargs.get("run_id", args[0] if args else None)
+        if run_id is not None:
+            services.training_run_fail(
+                run_id=run_id, error=f"The training task crashed: {exc!r}\n{einfo}"
+            )
+
+
+@shared_task(
+    bind=True,
+    base=TrainingTask,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=5,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=5,
+)
+def run_training(self, run_id: int) -> str | None:
+    """Run one training run to its end; a finished or live run is left alone."""
+    run = services.training_run_execute(run_id=run_id, task_id=self.request.id or "")
+    return run.status if run is not None else None
+
+
+@shared_task(acks_late=True)
+def requeue_stale_runs() -> list[int]:
+    """Re-queue running runs whose supervisor stopped sending heartbeats (schedule with beat)."""
+    return services.training_runs_requeue_stale()
