@@ -1,0 +1,340 @@
+"""Annotator quality checks on plain lists: gold accuracy, stability, position bias, speed,
+consensus outliers, and a pass/pause verdict against per-project thresholds. No Django.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from evaluation.agreement import cohen_kappa
+
+PASS, PAUSE = "pass", "pause"
+
+
+@dataclass(frozen=True)
+class GoldAccuracy:
+    """Accuracy on gold items; ``judged`` is False until enough gold items were answered."""
+
+    n_items: int
+    n_correct: int
+    accuracy: float | None
+    wilson_low: float | None
+    judged: bool
+
+
+@dataclass(frozen=True)
+class Stability:
+    """Agreement of an annotator with themself on planned repeats."""
+
+    n_pairs: int
+    agreement: float | None
+    kappa: float | None
+
+
+@dataclass(frozen=True)
+class PositionBias:
+    """Share of A/B decisions that went to the left-hand answer, with a binomial test."""
+
+    n_decisions: int
+    n_left: int
+    left_share: float | None
+    p_value: float | None
+
+
+@dataclass(frozen=True)
+class SpeedReport:
+    """Per-judgment speed flags and the thresholds behind them."""
+
+    too_fast_to_read: np.ndarray
+    below_pool: np.ndarray
+    pool_threshold_seconds: float | None
+
+    @property
+    def flagged(self) -> np.ndarray:
+        """Return judgments flagged by either rule."""
+        return self.too_fast_to_read | self.below_pool
+
+    @property
+    def share_flagged(self) -> float | None:
+        """Return the share of flagged judgments."""
+        return float(self.flagged.mean()) if self.flagged.size else None
+
+
+@dataclass(frozen=True)
+class ConsensusOutlier:
+    """How often an annotator agreed with the other annotators' consensus, and how unlikely."""
+
+    annotator: Hashable
+    n_votes: int
+    n_agree: int
+    expected_agree: float
+    p_value: float
+    flagged: bool
+
+
+@dataclass(frozen=True)
+class QualityThresholds:
+    """Per-project limits for ``assess_annotator``."""
+
+    min_gold_items: int = field(default=10, metadata={"help": "gold answers needed to judge"})
+    min_gold_accuracy: float = field(default=0.7, metadata={"help": "pause below this"})
+    min_repeat_pairs: int = field(default=5, metadata={"help": "repeats needed to judge"})
+    min_stability: float = field(default=0.6, metadata={"help": "self-agreement floor"})
+    min_position_decisions: int = field(default=20, metadata={"help": "A/B votes needed"})
+    position_alpha: float = field(default=0.01, metadata={"help": "binomial test level"})
+    max_position_skew: float = field(
+        default=0.15, metadata={"help": "|left share - 0.5| must also exceed this"}
+    )
+    min_timed_judgments: int = field(default=10, metadata={"help": "timed votes needed"})
+    max_fast_share: float = field(default=0.2, metadata={"help": "share of too-fast votes"})
+    min_consensus_votes: int = field(default=20, metadata={"help": "shared votes needed"})
+    consensus_alpha: float = field(default=0.01, metadata={"help": "outlier test level"})
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """Verdict for one annotator: pass or pause, why, and what could not be judged yet."""
+
+    status: str
+    reasons: list[str]
+    notes: list[str]
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Return the Wilson score interval for a binomial proportion."""
+    if n == 0:
+        return (0.0, 1.0)
+    z = stats.norm.ppf(0.5 + confidence / 2)
+    p = successes / n
+    # Wilson (1927): (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    denominator = 1 + z * z / n
+    low = max(0.0, (centre - spread) / denominator)
+    high = min(1.0, (centre + spread) / denominator)
+    return (float(low), float(high))
+
+
+def gold_accuracy(
+    answers: Sequence[Hashable], gold: Sequence[Hashable], *, min_items: int = 10
+) -> GoldAccuracy:
+    """Return accuracy on gold items, withholding judgement below ``min_items`` answers."""
+    if len(answers) != len(gold):
+        raise ValueError("answers and gold must have the same length")
+    n_items = len(answers)
+    n_correct = sum(a == g for a, g in zip(answers, gold, strict=True))
+    if n_items < max(min_items, 1):
+        return GoldAccuracy(n_items, n_correct, None, None, False)
+    low, _ = wilson_interval(n_correct, n_items)
+    return GoldAccuracy(n_items, n_correct, n_correct / n_items, low, True)
+
+
+def intra_rater_stability(pairs: Iterable[tuple[Hashable, Hashable]]) -> Stability:
+    """Return self-agreement and kappa over (first, repeat) labels already in canonical terms.
+
+    The repeat was shown with sides flipped; the caller maps it back (A <-> B) first, so a
+    consistent annotator gives identical labels.
+    """
+    pairs = list(pairs)
+    if not pairs:
+        return Stability(0, None, None)
+    first = [p[0] for p in pairs]
+    second = [p[1] for p in pairs]
+    agreement = sum(a == b for a, b in pairs) / len(pairs)
+    kappa = cohen_kappa(first, second)
+    return Stability(len(pairs), agreement, None if math.isnan(kappa) else kappa)
+
+
+def position_bias(
+    sides: Iterable[str], *, left: str = "left", right: str = "right"
+) -> PositionBias:
+    """Return the share of A/B decisions for the left answer and a two-sided binomial p-value.
+
+    Only ``left`` and ``right`` entries count; ties and both-bad should be left out or are
+    ignored.
+    """
+    counts = Counter(sides)
+    n_left, n_right = counts.get(left, 0), counts.get(right, 0)
+    n = n_left + n_right
+    if n == 0:
+        return PositionBias(0, 0, None, None)
+    p_value = stats.binomtest(n_left, n, 0.5, alternative="two-sided").pvalue
+    return PositionBias(n, n_left, n_left / n, float(p_value))
+
+
+def speed_outliers(
+    seconds: Sequence[float],
+    chars: Sequence[float],
+    *,
+    reading_chars_per_second: float = 50.0,
+    pool_seconds: Sequence[float] | None = None,
+    k: float = 3.0,
+) -> SpeedReport:
+    """Flag judgments made too fast to read, or far faster than the annotator pool.
+
+    Rule 1: ``seconds < chars / reading_chars_per_second``; 50 chars/s is about 600 words per
+    minute, over twice typical silent reading speed (Brysbaert 2019), so only skimming trips it.
+    Rule 2: log time below median - k * MAD (scaled to sigma) of the pool's log times; logs
+    because response times are right-skewed. ``pool_seconds`` defaults to ``seconds``.
+    """
+    times = np.asarray(seconds, dtype=float)
+    lengths = np.asarray(chars, dtype=float)
+    if times.shape != lengths.shape:
+        raise ValueError("seconds and chars must have the same length")
+    too_fast = times < lengths / reading_chars_per_second
+    pool = np.asarray(times if pool_seconds is None else pool_seconds, dtype=float)
+    pool = pool[pool > 0]
+    threshold = None
+    below = np.zeros(times.shape, dtype=bool)
+    if pool.size >= 3:
+        logs = np.log(pool)
+        centre = np.median(logs)
+        # Robust z-score: MAD * 1.4826 estimates sigma under normality (Leys et al. 2013)
+        mad = 1.4826 * np.median(np.abs(logs - centre))
+        if mad > 0:
+            threshold = float(np.exp(centre - k * mad))
+            below = times < threshold
+    return SpeedReport(too_fast, below, threshold)
+
+
+def _poisson_binomial_cdf(successes: int, probabilities: np.ndarray) -> float:
+    """Return P(X <= successes) for a sum of independent Bernoulli(p_i)."""
+    distribution = np.zeros(probabilities.size + 1)
+    distribution[0] = 1.0
+    for i, p in enumerate(probabilities, start=1):
+        distribution[1 : i + 1] = distribution[1 : i + 1] * (1 - p) + distribution[:i] * p
+        distribution[0] *= 1 - p
+    return float(min(1.0, distribution[: successes + 1].sum()))
+
+
+def consensus_outliers(
+    votes: Iterable[tuple[Hashable, Hashable, Hashable]],
+    *,
+    alpha: float = 0.01,
+    min_votes: int = 5,
+) -> dict[Hashable, ConsensusOutlier]:
+    """Flag annotators who agree with the other annotators' consensus improbably rarely.
+
+    ``votes`` are ``(annotator, item, label)``. For each vote the consensus is the modal label
+    of the *other* annotators on that item (all modes count when they tie). Under the null
+    hypothesis the annotator behaves like the pool, so a vote agrees with probability q, the
+    pool-wide agreement rate on votes whose consensus looked the same (same number of other
+    votes, size of the mode, number of modes), Laplace-smoothed. The exact Poisson-binomial
+    P(agreements <= observed) is the annotator's p-value. This follows the idea of Chatbot
+    Arena's anomalous-user detection (Chiang et al. 2024, section 5.1; FastChat
+    ``outlier_detect``): per-vote evidence against the crowd, combined per user.
+    """
+    votes = list(votes)
+    per_item: dict[Hashable, Counter] = defaultdict(Counter)
+    for _, item, label in votes:
+        per_item[item][label] += 1
+    records: list[tuple[Hashable, tuple[int, int, int], bool]] = []
+    bucket_hits: Counter = Counter()
+    bucket_size: Counter = Counter()
+    for annotator, item, label in votes:
+        pool = per_item[item].copy()
+        pool[label] -= 1
+        pool_size = sum(pool.values())
+        if pool_size == 0:
+            continue
+        top = max(pool.values())
+        modes = {lab for lab, count in pool.items() if count == top}
+        key = (pool_size, top, len(modes))
+        hit = label in modes
+        records.append((annotator, key, hit))
+        bucket_hits[key] += hit
+        bucket_size[key] += 1
+    agree: dict[Hashable, list[bool]] = defaultdict(list)
+    chance: dict[Hashable, list[float]] = defaultdict(list)
+    for annotator, key, hit in records:
+        agree[annotator].append(hit)
+        chance[annotator].append((bucket_hits[key] + 1) / (bucket_size[key] + 2))
+    results: dict[Hashable, ConsensusOutlier] = {}
+    for annotator, hits in agree.items():
+        q = np.asarray(chance[annotator])
+        n_agree = int(sum(hits))
+        p_value = _poisson_binomial_cdf(n_agree, q)
+        results[annotator] = ConsensusOutlier(
+            annotator=annotator,
+            n_votes=len(hits),
+            n_agree=n_agree,
+            expected_agree=float(q.sum()),
+            p_value=p_value,
+            flagged=len(hits) >= min_votes and p_value < alpha,
+        )
+    return results
+
+
+def assess_annotator(
+    *,
+    thresholds: QualityThresholds,
+    gold: GoldAccuracy | None = None,
+    stability: Stability | None = None,
+    position: PositionBias | None = None,
+    speed: SpeedReport | None = None,
+    consensus: ConsensusOutlier | None = None,
+) -> Assessment:
+    """Return pause with reasons if any check fails its threshold, else pass.
+
+    Checks without enough data are not failed; they are listed in ``notes``.
+    """
+    reasons: list[str] = []
+    notes: list[str] = []
+    t = thresholds
+    if gold is not None:
+        if gold.n_items < t.min_gold_items:
+            notes.append(f"gold: {gold.n_items} of {t.min_gold_items} items needed")
+        elif gold.n_correct / gold.n_items < t.min_gold_accuracy:
+            reasons.append(
+                f"gold accuracy {gold.n_correct / gold.n_items:.2f} < {t.min_gold_accuracy:.2f}"
+                f" on {gold.n_items} items"
+            )
+    if stability is not None:
+        if stability.n_pairs < t.min_repeat_pairs:
+            notes.append(f"stability: {stability.n_pairs} of {t.min_repeat_pairs} repeats needed")
+        elif stability.agreement is not None and stability.agreement < t.min_stability:
+            reasons.append(
+                f"self-agreement {stability.agreement:.2f} < {t.min_stability:.2f}"
+                f" on {stability.n_pairs} repeats"
+            )
+    if position is not None:
+        if position.n_decisions < t.min_position_decisions:
+            notes.append(
+                f"position bias: {position.n_decisions} of {t.min_position_decisions}"
+                " A/B decisions needed"
+            )
+        elif (
+            position.p_value is not None
+            and position.p_value < t.position_alpha
+            and abs(position.left_share - 0.5) > t.max_position_skew
+        ):
+            reasons.append(
+                f"left answer chosen {position.left_share:.0%} of {position.n_decisions}"
+                f" decisions (binomial p = {position.p_value:.2g})"
+            )
+    if speed is not None:
+        n_timed = speed.flagged.size
+        if n_timed < t.min_timed_judgments:
+            notes.append(f"speed: {n_timed} of {t.min_timed_judgments} timed judgments needed")
+        elif speed.share_flagged > t.max_fast_share:
+            reasons.append(
+                f"{speed.share_flagged:.0%} of {n_timed} judgments too fast"
+                f" (limit {t.max_fast_share:.0%})"
+            )
+    if consensus is not None:
+        if consensus.n_votes < t.min_consensus_votes:
+            notes.append(
+                f"consensus: {consensus.n_votes} of {t.min_consensus_votes} shared votes needed"
+            )
+        elif consensus.p_value < t.consensus_alpha:
+            reasons.append(
+                f"agreed with consensus {consensus.n_agree} of {consensus.n_votes} times,"
+                f" {consensus.expected_agree:.1f} expected (p = {consensus.p_value:.2g})"
+            )
+    return Assessment(PAUSE if reasons else PASS, reasons, notes)
