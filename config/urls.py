@@ -13,5 +13,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/auth/token/", obtain_auth_token, name="api-token"),
+    path("api/training/", include("training.urls")),
     path("api/", include("annotation.urls")),
 ]

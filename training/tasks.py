@@ -36,7 +36,7 @@ def run_training(self, run_id: int) -> str | None:
     return run.status if run is not None else None
 
 
-@shared_task(acks_late=True)
+@shared_task(acks_late=True, queue="default")  # light work: stays off the gpu queue
 def requeue_stale_runs() -> list[int]:
     """Re-queue running runs whose supervisor stopped sending heartbeats (schedule with beat)."""
     return services.training_runs_requeue_stale()

@@ -1,0 +1,254 @@
+"""REST API of training runs and the model registry (staff and project researchers only).
+
+One view per operation: validate, call one service, render. A run or model version of a
+project the caller does not research is answered 404, as if it did not exist.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from annotation import selectors as annotation_selectors
+from annotation.models import DatasetVersion, Project
+from training import selectors, services
+from training.models import ModelVersion, Recipe, TrainingRun
+
+
+class IsResearcher(BasePermission):
+    message = "Only staff and project researchers may use training."
+
+    def has_permission(self, request, view) -> bool:
+        return selectors.user_is_researcher(user=request.user)
+
+
+class ResearcherApi(APIView):
+    permission_classes = [IsAuthenticated, IsResearcher]
+
+
+def _run_for_user(run_id: int, user) -> TrainingRun:
+    run = selectors.training_run_get(user=user, run_id=run_id)
+    if run is None:
+        raise NotFound("No such training run.")
+    return run
+
+
+def _check_can_manage(run: TrainingRun, user) -> None:
+    if user.is_staff:
+        return
+    if run.project_id is None or not annotation_selectors.user_can_manage(
+        project_id=run.project_id, user=user
+    ):
+        raise PermissionDenied("Only the project's researchers may do this.")
+
+
+class TrainingRunOutput(serializers.ModelSerializer):
+    model_version_id = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TrainingRun
+        fields = [
+            "id",
+            "recipe",
+            "status",
+            "progress",
+            "current_metrics",
+            "project",
+            "dataset_version",
+            "base_model",
+            "base_model_path",
+            "output_dir",
+            "checkpoint_path",
+            "attempts",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "heartbeat_at",
+            "model_version_id",
+        ]
+
+    def get_model_version_id(self, run: TrainingRun) -> int | None:
+        version = getattr(run, "model_version", None)
+        return version.pk if version is not None else None
+
+
+class TrainingRunDetailOutput(TrainingRunOutput):
+    class Meta(TrainingRunOutput.Meta):
+        fields = [
+            *TrainingRunOutput.Meta.fields,
+            "config",
+            "dataset_path",
+            "log_tail",
+            "error",
+            "exit_code",
+            "resumes",
+            "worker_host",
+        ]
+
+
+class ModelVersionOutput(serializers.ModelSerializer):
+    lineage = serializers.SerializerMethodField()
+    project = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ModelVersion
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "artifact_path",
+            "base_model_path",
+            "parent",
+            "training_run",
+            "dataset_version",
+            "project",
+            "eval_results",
+            "lineage",
+            "created_at",
+        ]
+
+    def get_lineage(self, version: ModelVersion) -> list[str]:
+        """Names from this version back to its oldest ancestor, then the base model path."""
+        chain = selectors.model_version_lineage(version=version)
+        names = [item.name for item in chain]
+        if chain[-1].base_model_path:
+            names.append(chain[-1].base_model_path)
+        return names
+
+    def get_project(self, version: ModelVersion) -> int | None:
+        if version.training_run is not None and version.training_run.project_id:
+            return version.training_run.project_id
+        if version.dataset_version is not None:
+            return version.dataset_version.project_id
+        return None
+
+
+class TrainingRunListApi(ResearcherApi):
+    @extend_schema_serializer(component_name="TrainingRunInput")
+    class InputSerializer(serializers.Serializer):
+        recipe = serializers.ChoiceField(choices=Recipe.choices)
+        config = serializers.DictField(default=dict)
+        project_id = serializers.IntegerField(required=False)
+        dataset_version_id = serializers.IntegerField(required=False)
+        dataset_path = serializers.CharField(required=False, max_length=500)
+        base_model_id = serializers.IntegerField(required=False)
+        base_model_path = serializers.CharField(required=False, max_length=500, default="")
+
+        def validate(self, attrs):
+            if ("dataset_version_id" in attrs) == ("dataset_path" in attrs):
+                raise serializers.ValidationError(
+                    "Give exactly one of dataset_version_id and dataset_path."
+                )
+            return attrs
+
+    @extend_schema(responses=TrainingRunOutput(many=True))
+    def get(self, request):
+        project_id = request.query_params.get("project")
+        runs = selectors.training_run_list(
+            user=request.user,
+            project_id=int(project_id) if project_id and project_id.isdigit() else None,
+            status=request.query_params.get("status", ""),
+        ).select_related("model_version")
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(runs, request, view=self)
+        return paginator.get_paginated_response(TrainingRunOutput(page, many=True).data)
+
+    @extend_schema(request=InputSerializer, responses={201: TrainingRunDetailOutput})
+    def post(self, request):
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        user = request.user
+
+        dataset_version = None
+        if "dataset_version_id" in data:
+            dataset_version = DatasetVersion.objects.filter(pk=data["dataset_version_id"]).first()
+            if dataset_version is None:
+                raise NotFound("No such dataset version.")
+        elif not user.is_staff:
+            raise PermissionDenied("Only staff may train on a dataset path.")
+
+        project = None
+        project_id = data.get("project_id") or (
+            dataset_version.project_id if dataset_version is not None else None
+        )
+        if project_id is not None:
+            project = Project.objects.filter(pk=project_id).first()
+            if project is None:
+                raise NotFound("No such project.")
+        if not user.is_staff and (
+            project is None
+            or not annotation_selectors.user_can_manage(project_id=project.pk, user=user)
+        ):
+            raise PermissionDenied("Only the project's researchers may train on its data.")
+
+        base_model = None
+        if "base_model_id" in data:
+            base_model = (
+                selectors.model_version_list(user=user).filter(pk=data["base_model_id"]).first()
+            )
+            if base_model is None:
+                raise NotFound("No such model version.")
+        if data["base_model_path"] and not user.is_staff:
+            raise PermissionDenied("Only staff may start from a model path.")
+
+        run = services.training_run_create(
+            recipe=data["recipe"],
+            config=data["config"],
+            dataset_version=dataset_version,
+            dataset_path=data.get("dataset_path"),
+            base_model=base_model,
+            base_model_path=data["base_model_path"],
+            project=project,
+            user=user,
+        )
+        return Response(TrainingRunDetailOutput(run).data, status=status.HTTP_201_CREATED)
+
+
+class TrainingRunDetailApi(ResearcherApi):
+    @extend_schema(responses=TrainingRunDetailOutput)
+    def get(self, request, run_id: int):
+        return Response(TrainingRunDetailOutput(_run_for_user(run_id, request.user)).data)
+
+
+class TrainingRunCancelApi(ResearcherApi):
+    @extend_schema(request=None, responses=TrainingRunDetailOutput)
+    def post(self, request, run_id: int):
+        run = _run_for_user(run_id, request.user)
+        _check_can_manage(run, request.user)
+        run = services.training_run_cancel(run_id=run.pk)
+        return Response(TrainingRunDetailOutput(run).data)
+
+
+class TrainingRunResumeApi(ResearcherApi):
+    @extend_schema(request=None, responses=TrainingRunDetailOutput)
+    def post(self, request, run_id: int):
+        run = _run_for_user(run_id, request.user)
+        _check_can_manage(run, request.user)
+        run = services.training_run_resume(run_id=run.pk)
+        return Response(TrainingRunDetailOutput(run).data)
+
+
+class ModelVersionListApi(ResearcherApi):
+    @extend_schema(responses=ModelVersionOutput(many=True))
+    def get(self, request):
+        versions = selectors.model_version_list(
+            user=request.user, kind=request.query_params.get("kind", "")
+        )
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(versions, request, view=self)
+        return paginator.get_paginated_response(ModelVersionOutput(page, many=True).data)
+
+
+class ModelVersionDetailApi(ResearcherApi):
+    @extend_schema(responses=ModelVersionOutput)
+    def get(self, request, version_id: int):
+        version = selectors.model_version_list(user=request.user).filter(pk=version_id).first()
+        if version is None:
+            raise NotFound("No such model version.")
+        return Response(ModelVersionOutput(version).data)

@@ -1,0 +1,24 @@
+from django.urls import path
+
+from training import apis
+
+urlpatterns = [
+    path("runs/", apis.TrainingRunListApi.as_view(), name="api-training-runs"),
+    path("runs/<int:run_id>/", apis.TrainingRunDetailApi.as_view(), name="api-training-run"),
+    path(
+        "runs/<int:run_id>/cancel/",
+        apis.TrainingRunCancelApi.as_view(),
+        name="api-training-run-cancel",
+    ),
+    path(
+        "runs/<int:run_id>/resume/",
+        apis.TrainingRunResumeApi.as_view(),
+        name="api-training-run-resume",
+    ),
+    path("models/", apis.ModelVersionListApi.as_view(), name="api-model-versions"),
+    path(
+        "models/<int:version_id>/",
+        apis.ModelVersionDetailApi.as_view(),
+        name="api-model-version",
+    ),
+]
