@@ -310,10 +310,13 @@ def _signal_group(pgid: int, sig: int) -> bool:
 
 def _kill_stale_child(run: TrainingRun) -> None:
     """Kill a training process left behind on this host by a supervisor that died."""
-    if run.child_pid and run.worker_host == _this_host():
-        if _group_members(run.child_pid, run.output_dir):
-            logger.warning("killing orphaned training process group %s", run.child_pid)
-            _signal_group(run.child_pid, signal.SIGKILL)
+    if (
+        run.child_pid
+        and run.worker_host == _this_host()
+        and _group_members(run.child_pid, run.output_dir)
+    ):
+        logger.warning("killing orphaned training process group %s", run.child_pid)
+        _signal_group(run.child_pid, signal.SIGKILL)
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
@@ -512,9 +515,7 @@ def training_run_execute(
     except ArtifactError as exc:
         return _record_failure(run.pk, claim.attempt, str(exc), exit_code=None, tail="")
 
-    files = RunFiles(
-        output_dir=output_dir, log_lines=int(_setting("TRAINING_LOG_TAIL_LINES", 50))
-    )
+    files = RunFiles(output_dir=output_dir, log_lines=int(_setting("TRAINING_LOG_TAIL_LINES", 50)))
     run_json = read_json(output_dir / "run.json") or {}
     if run_json.get("status") == "finished" and (output_dir / "final").is_dir():
         # The process finished but its supervisor died before recording it: just record.
@@ -534,9 +535,7 @@ def training_run_execute(
         log = (output_dir / LOG_FILE).open("ab")
     except OSError as exc:
         reason = "Disk full" if exc.errno == errno.ENOSPC else "The artefact folder is not writable"
-        return _record_failure(
-            run.pk, claim.attempt, f"{reason}: {exc}", exit_code=None, tail=""
-        )
+        return _record_failure(run.pk, claim.attempt, f"{reason}: {exc}", exit_code=None, tail="")
     with log:
         files.log_start = log.tell()
         header = f"=== attempt {claim.attempt} on {_this_host()}: {' '.join(command)}\n"
@@ -555,9 +554,7 @@ def training_run_execute(
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
     try:
-        TrainingRun.objects.filter(pk=run.pk, attempts=claim.attempt).update(
-            child_pid=process.pid
-        )
+        TrainingRun.objects.filter(pk=run.pk, attempts=claim.attempt).update(child_pid=process.pid)
         exit_code = _supervise(run.pk, claim.attempt, process, files, on_progress)
     finally:
         if process.poll() is None:
@@ -725,9 +722,7 @@ def _record_exit(run_id: int, attempt: int, exit_code: int, files: RunFiles) -> 
             error = f"The training CLI exited 0 but wrote no model to {final_dir}.\n{tail}"
         else:
             error = _failure_message(exit_code, tail, str(files.output_dir))
-        return _record_failure(
-            run_id, attempt, error, exit_code=exit_code, tail=files.log_tail()
-        )
+        return _record_failure(run_id, attempt, error, exit_code=exit_code, tail=files.log_tail())
     run_json = read_json(files.output_dir / "run.json") or {}
     final_metrics = run_json.get("final_metrics") or files.final_metrics or {}
     with transaction.atomic():
