@@ -48,10 +48,8 @@ from training.trainers import ppo_core as core
 from training.trainers.common import (
     BaseRecipeConfig,
     ConfigError,
-    RunLogger,
     atomic_write_json,
     library_versions,
-    set_quiet_offline_env,
     write_run_json,
 )
 
@@ -1421,24 +1419,10 @@ def train(
     ``logger`` is a ``RunLogger`` (or anything with ``log(metrics, step=...)``); None makes a
     RunLogger writing metrics.jsonl and progress.json into ``output_dir``.
     """
-    set_quiet_offline_env()
-    from transformers import set_seed
-
-    from training.trainers.common import last_checkpoint
+    from training.trainers.common import last_checkpoint, start_run
     from training.trainers.data import load_prompts
 
-    config.validate()
-    dataset_dir, output_dir = Path(dataset_dir), Path(output_dir)
-    logger = logger if logger is not None else RunLogger(output_dir)
-    write_run_json(
-        output_dir,
-        config,
-        dataset_dir,
-        config.seeds(),
-        recipe=RECIPE,
-        sampling=config.sampling_settings(),
-    )
-    set_seed(config.seed)
+    dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
     splits = load_prompts(dataset_dir)
     train_prompts = list(splits.train["prompt"])
     eval_prompts = list(splits.validation["prompt"]) if splits.validation is not None else []
@@ -1470,6 +1454,7 @@ def train(
     last = trainer.train()
     seconds = time.perf_counter() - started
     metrics: dict[str, Any] = {
+        "global_step": trainer.update_step,
         "updates": trainer.update_step,
         "episodes": trainer.episodes,
         "kl_coef": trainer.kl_controller.value,
@@ -1490,14 +1475,17 @@ def train(
         logger.event("final", **metrics)
     if hasattr(logger, "finish"):
         logger.finish(**{k: v for k, v in metrics.items() if isinstance(v, int | float)})
-    write_run_json(
-        output_dir,
-        config,
-        dataset_dir,
-        config.seeds(),
-        recipe=RECIPE,
-        sampling=config.sampling_settings(),
-        final_dir=str(final_dir),
-        final_metrics=metrics,
-    )
+    if trainer.accelerator.is_main_process:
+        write_run_json(
+            output_dir,
+            config,
+            dataset_dir,
+            config.seeds(),
+            recipe=RECIPE,
+            status="finished",
+            sampling=config.sampling_settings(),
+            value_init=models["value_init"],
+            final_dir=str(final_dir),
+            final_metrics=metrics,
+        )
     return metrics
