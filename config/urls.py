@@ -15,4 +15,5 @@ urlpatterns = [
     path("api/auth/token/", obtain_auth_token, name="api-token"),
     path("api/training/", include("training.urls")),
     path("api/", include("annotation.urls")),
+    path("", include("annotation.web_urls")),
 ]
