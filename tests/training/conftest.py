@@ -126,3 +126,37 @@ def weights_changed(before_dir: Path, after_dir: Path, *, model_class=None) -> b
     shared = [k for k in after if k in before and before[k].shape == after[k].shape]
     assert shared, "the two models share no parameter"
     return any(not torch.equal(before[k], after[k]) for k in shared)
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    """Return the records of ``output_dir/metrics.jsonl``."""
+    import json
+
+    lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def last_logged(output_dir: Path, key: str):
+    """Return the last value logged under ``key`` in metrics.jsonl."""
+    values = [r[key] for r in read_metrics(output_dir) if key in r and "event" not in r]
+    assert values, f"{key} was never logged"
+    return values[-1]
+
+
+def assert_run_json_complete(output_dir: Path, recipe: str) -> dict:
+    """Check that run.json records everything that shapes the result; return it."""
+    import json
+
+    run = json.loads((Path(output_dir) / "run.json").read_text())
+    assert run["recipe"] == recipe
+    assert run["status"] == "finished"
+    assert run["config"]["model_name_or_path"]
+    assert len(run["data"]["hash"]) == 64
+    assert run["seeds"]["seed"] == run["config"]["seed"]
+    for library in ("torch", "transformers", "trl", "peft", "datasets", "accelerate"):
+        assert run["versions"][library], library
+    assert "git" in run
+    assert run["host"]["hostname"]
+    assert run["final_metrics"]["global_step"] > 0
+    assert run["trl_config"]["seed"] == run["config"]["seed"]
+    return run

@@ -225,11 +225,19 @@ def config_from_dict(config_cls: type, values: dict[str, Any]):
             f"unknown config field(s) for {config_cls.__name__}: {', '.join(unknown)}; "
             f"known fields: {', '.join(sorted(known))}"
         )
+    wrong = [
+        f"{name}={values[name]!r} (expected {hint})"
+        for name, hint in _field_types(config_cls).items()
+        if name in values and not _matches(values[name], hint)
+    ]
+    if wrong:
+        raise ConfigError(f"wrong type for {config_cls.__name__} field(s): {'; '.join(wrong)}")
     try:
         config = config_cls(**values)
     except TypeError as exc:
         raise ConfigError(str(exc)) from exc
-    config.validate()
+    if hasattr(config, "validate"):
+        config.validate()
     return config
 
 
@@ -238,6 +246,40 @@ def cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def _field_types(config_cls: type) -> dict[str, Any]:
+    import typing
+
+    try:
+        return typing.get_type_hints(config_cls)
+    except Exception:  # an annotation that cannot be resolved: skip the check
+        return {}
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Return whether a JSON/YAML value fits a field annotation (loosely: int fits float)."""
+    import types
+    import typing
+
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is not None:
+        hint = origin
+    if not isinstance(hint, type):
+        return True
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (list, tuple):
+        return isinstance(value, list | tuple)
+    return isinstance(value, hint)
 
 
 def use_bf16() -> bool:
