@@ -292,15 +292,16 @@ def items_import(
     return report
 
 
-def _write_batch(project: Project, round_: Round, rows: list[dict], report: ImportReport) -> None:
-    hashes = {}
-    for row in rows:
-        payload = row.get("prompt") or row.get("messages")
-        hashes[content_hash(payload)] = row
-    existing = {
-        p.content_hash: p
-        for p in Prompt.objects.filter(project=project, content_hash__in=list(hashes))
-    }
+def prompts_get_or_create(*, project: Project, rows: dict[str, dict]) -> tuple[dict, int]:
+    """Return ({content hash: Prompt}, number created) for rows keyed by prompt hash.
+
+    A row gives 'prompt' (text) or 'messages', and optionally 'group_key' and 'id'.
+    """
+    existing = set(
+        Prompt.objects.filter(project=project, content_hash__in=list(rows)).values_list(
+            "content_hash", flat=True
+        )
+    )
     new_prompts = [
         Prompt(
             project=project,
@@ -308,35 +309,37 @@ def _write_batch(project: Project, round_: Round, rows: list[dict], report: Impo
             messages=row.get("messages"),
             content_hash=h,
             group_key=str(row.get("group_key") or ""),
-            external_id=row.get("id", ""),
+            external_id=str(row.get("id") or ""),
         )
-        for h, row in hashes.items()
+        for h, row in rows.items()
         if h not in existing
     ]
-    report.prompts_reused += len(rows) - len(new_prompts)
-    report.prompts_created += len(new_prompts)
     Prompt.objects.bulk_create(new_prompts)
     prompts = {
         p.content_hash: p
-        for p in Prompt.objects.filter(project=project, content_hash__in=list(hashes))
+        for p in Prompt.objects.filter(project=project, content_hash__in=list(rows))
     }
-    cand_keys = []
-    for row in rows:
-        prompt = prompts[content_hash(row.get("prompt") or row.get("messages"))]
-        for c in row["candidates"]:
-            cand_keys.append((prompt.pk, content_hash(c["text"]), c.get("model_name", ""), c))
-    existing_c = {
+    return prompts, len(new_prompts)
+
+
+def candidates_get_or_create(*, keys: list[tuple[int, str, str, dict]]) -> tuple[dict, int, int]:
+    """Return ({(prompt id, hash, model): Candidate}, created, reused) for candidate keys.
+
+    Each key is (prompt id, content hash, model name, candidate dict with 'text' and
+    optional 'checkpoint_id' / 'generation_config').
+    """
+    found = {
         (c.prompt_id, c.content_hash, c.model_name): c
         for c in Candidate.objects.filter(
-            prompt_id__in={k[0] for k in cand_keys},
-            content_hash__in={k[1] for k in cand_keys},
+            prompt_id__in={k[0] for k in keys}, content_hash__in={k[1] for k in keys}
         )
     }
-    new_c = {}
-    for pid, h, model, c in cand_keys:
+    new_c: dict = {}
+    reused = 0
+    for pid, h, model, c in keys:
         key = (pid, h, model)
-        if key in existing_c or key in new_c:
-            report.candidates_reused += 1
+        if key in found or key in new_c:
+            reused += 1
             continue
         new_c[key] = Candidate(
             prompt_id=pid,
@@ -347,8 +350,23 @@ def _write_batch(project: Project, round_: Round, rows: list[dict], report: Impo
             generation_config=c.get("generation_config", {}),
         )
     Candidate.objects.bulk_create(new_c.values())
-    report.candidates_created += len(new_c)
-    existing_c.update(new_c)
+    found.update(new_c)
+    return found, len(new_c), reused
+
+
+def _write_batch(project: Project, round_: Round, rows: list[dict], report: ImportReport) -> None:
+    hashes = {content_hash(row.get("prompt") or row.get("messages")): row for row in rows}
+    prompts, created = prompts_get_or_create(project=project, rows=hashes)
+    report.prompts_reused += len(rows) - created
+    report.prompts_created += created
+    cand_keys = []
+    for row in rows:
+        prompt = prompts[content_hash(row.get("prompt") or row.get("messages"))]
+        for c in row["candidates"]:
+            cand_keys.append((prompt.pk, content_hash(c["text"]), c.get("model_name", ""), c))
+    existing_c, created_c, reused_c = candidates_get_or_create(keys=cand_keys)
+    report.candidates_created += created_c
+    report.candidates_reused += reused_c
     items, slots = [], []
     for row in rows:
         prompt = prompts[content_hash(row.get("prompt") or row.get("messages"))]
