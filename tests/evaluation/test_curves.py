@@ -1,0 +1,101 @@
+"""Training-curve smoothing and reward-hacking alarms on synthetic runs."""
+
+import math
+
+import numpy as np
+import pytest
+
+from evaluation.curves import CurveThresholds, curve_series, smooth, training_alarms
+
+
+def run(n=100, every=10, **overrides):
+    """Return a healthy PPO-like log: reward saturating, KL ~ sqrt(step), stable length."""
+    rows = []
+    for k in range(1, n + 1):
+        step = k * every
+        row = {
+            "step": step,
+            "reward": 1 - math.exp(-step / 300),
+            "kl": 0.15 * math.sqrt(step),
+            "entropy": 2.0 - 0.3 * step / (n * every),
+            "response_length": 200 + 10 * math.sin(step),
+            "value_loss": 0.5 + 0.05 * math.cos(step),
+        }
+        for name, fn in overrides.items():
+            row[name] = fn(step)
+        rows.append(row)
+    return rows
+
+
+def kinds(alarms):
+    return [a.kind for a in alarms]
+
+
+class TestSmoothing:
+    def test_debiased_ema_hand_computed(self):
+        # w = 0.5: s1 = x1; s2 = (0.25 x1 + 0.5 x2) / 0.75
+        assert smooth([4.0, 1.0], weight=0.5) == pytest.approx([4.0, (1 + 0.5) / 0.75])
+
+    def test_constant_series_is_unchanged_and_nan_is_skipped(self):
+        assert smooth([3.0, 3.0, float("nan"), 3.0], 0.9)[[0, 1, 3]] == pytest.approx([3.0] * 3)
+
+    def test_series_sorted_by_step_and_missing_metrics_skipped(self):
+        series = curve_series([{"step": 2, "reward": 1.0}, {"step": 1, "reward": 0.0, "kl": 0.1}])
+        assert series["reward"].steps.tolist() == [1, 2]
+        assert series["kl"].raw.tolist() == [0.1]
+        assert "entropy" not in series
+
+
+class TestAlarms:
+    def test_healthy_run_raises_nothing(self):
+        assert training_alarms(run()) == []
+
+    def test_kl_exploding_while_reward_rises(self):
+        # Given reward hacking from step 400: reward keeps climbing, KL grows quadratically
+        def kl(step):
+            return 0.15 * math.sqrt(step) + (0.0 if step < 400 else 2e-5 * (step - 400) ** 2)
+
+        alarms = training_alarms(run(kl=kl, reward=lambda s: s / 1000))
+        assert kinds(alarms) == ["kl_superlinear", "kl_limit"]
+        superlinear, limit = alarms
+        assert 400 < superlinear.step < limit.step
+        assert "KL" in limit.reason and "above 6" in limit.reason
+
+    def test_high_kl_with_flat_reward_is_not_reward_hacking(self):
+        alarms = training_alarms(run(kl=lambda s: 8.0, reward=lambda s: 0.5))
+        assert alarms == []
+
+    def test_length_explosion(self):
+        alarms = training_alarms(run(response_length=lambda s: 200 if s < 500 else 200 + s))
+        assert kinds(alarms) == ["length_explosion"]
+        assert alarms[0].step >= 500
+        assert "2 x baseline 200" in alarms[0].reason
+
+    def test_entropy_collapse(self):
+        alarms = training_alarms(run(entropy=lambda s: 2.0 * math.exp(-s / 200)))
+        assert kinds(alarms) == ["entropy_collapse"]
+        # smoothed entropy falls below 0.6 shortly after 200 ln(1/0.3) ~ 241
+        assert 240 <= alarms[0].step <= 300
+
+    def test_value_loss_spike_and_non_finite(self):
+        rows = run(value_loss=lambda s: 50.0 if s == 300 else 0.5)
+        rows[50]["reward"] = float("nan")
+        alarms = training_alarms(rows)
+        assert [(a.kind, a.step) for a in alarms] == [
+            ("value_loss_spike", 300),
+            ("non_finite", 510),
+        ]
+
+    def test_thresholds_are_configurable(self):
+        rows = run(response_length=lambda s: 200 if s < 500 else 350)
+        assert training_alarms(rows) == []
+        loose = CurveThresholds(length_ratio=1.5)
+        assert kinds(training_alarms(rows, loose)) == ["length_explosion"]
+
+
+def test_alarm_steps_are_logged_steps():
+    rows = run(entropy=lambda s: 0.1)
+    alarms = training_alarms(rows)
+    steps = {row["step"] for row in rows}
+    assert all(a.step in steps for a in alarms)
+    assert np.all(np.diff([a.step for a in alarms]) >= 0)
