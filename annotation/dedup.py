@@ -83,7 +83,9 @@ class MinHasher:
             return None
         shingles = {" ".join(words[i : i + 3]) for i in range(max(1, len(words) - 2))}
         base = np.fromiter(
-            (xxhash.xxh64_intdigest(s) for s in shingles), dtype=np.uint64, count=len(shingles)
+            (xxhash.xxh64_intdigest(s.encode("utf-8")) for s in shingles),
+            dtype=np.uint64,
+            count=len(shingles),
         )
         with np.errstate(over="ignore"):
             mixed = base[None, :] * self._mult[:, None] + self._add[:, None]

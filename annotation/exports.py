@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -1004,6 +1004,9 @@ def dataset_version_build(
             dv.finished_at = timezone.now()
             dv.save()
         return dv
+    except (OperationalError, InterfaceError):
+        _remove_tree(work)  # transient: the task retries; the version stays `building`
+        raise
     except Exception as exc:
         _remove_tree(work)
         dataset_version_fail(

@@ -129,7 +129,7 @@ def split_hh_pair(chosen: str, rejected: str) -> tuple[list[dict], str, str] | s
         if a != b:
             break
         limit += 1
-    cut = chosen.rfind(_ASSISTANT_MARK, 0, limit - len(_ASSISTANT_MARK) + 1)
+    cut = chosen.rfind(_ASSISTANT_MARK, 0, limit)
     if cut < 0:
         return "chosen and rejected share no prefix ending in '\\n\\nAssistant:'"
     prefix = chosen[:cut]
