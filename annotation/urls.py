@@ -1,6 +1,6 @@
 from django.urls import path
 
-from annotation import apis
+from annotation import apis, apis_data
 
 urlpatterns = [
     path("projects/", apis.ProjectListApi.as_view(), name="api-projects"),
@@ -21,5 +21,25 @@ urlpatterns = [
         "assignments/<int:assignment_id>/heartbeat/",
         apis.HeartbeatApi.as_view(),
         name="api-heartbeat",
+    ),
+    path(
+        "projects/<int:project_id>/import-preferences/",
+        apis_data.PreferenceImportApi.as_view(),
+        name="api-import-preferences",
+    ),
+    path(
+        "projects/<int:project_id>/datasets/",
+        apis_data.DatasetListApi.as_view(),
+        name="api-datasets",
+    ),
+    path(
+        "projects/<int:project_id>/datasets/<int:version>/",
+        apis_data.DatasetDetailApi.as_view(),
+        name="api-dataset",
+    ),
+    path(
+        "projects/<int:project_id>/datasets/<int:version>/files/<str:name>",
+        apis_data.DatasetFileApi.as_view(),
+        name="api-dataset-file",
     ),
 ]

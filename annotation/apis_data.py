@@ -1,0 +1,150 @@
+"""REST endpoints for preference data in and out: researchers and staff only.
+
+* ``POST /api/projects/{id}/import-preferences/`` — multipart ``file`` (``.jsonl`` or
+  ``.jsonl.gz``), ``format`` (hh, trl, ranking), optional ``batch``, ``round``, ``serve``,
+  ``near_duplicates`` -> 201 report, or 400 with every bad line.
+* ``GET /api/projects/{id}/datasets/`` — the project's snapshots.
+* ``POST /api/projects/{id}/datasets/`` — ``{name, policy: {...}, sync: false}`` -> 202 with
+  the new version (built by a Celery task after commit), or 201 when ``sync``.
+* ``GET /api/projects/{id}/datasets/{version}/`` — one snapshot (policies, counts, report).
+* ``GET /api/projects/{id}/datasets/{version}/files/{name}`` — download one of its files.
+"""
+
+from __future__ import annotations
+
+import gzip
+
+from django.http import FileResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from annotation import exports, tasks
+from annotation.apis import _project_for_manager
+from annotation.importers import ImportFailed
+from annotation.importers_pref import FORMATS, preferences_import
+from annotation.models import DatasetVersion, Round
+
+
+class DatasetVersionOutput(serializers.ModelSerializer):
+    class Meta:
+        model = DatasetVersion
+        fields = [
+            "id",
+            "version",
+            "name",
+            "format",
+            "status",
+            "policies",
+            "filters",
+            "source_rounds",
+            "split_counts",
+            "content_hash",
+            "report",
+            "error",
+            "created_at",
+            "finished_at",
+        ]
+
+
+class PreferenceImportApi(APIView):
+    parser_classes = [MultiPartParser]
+
+    class InputSerializer(serializers.Serializer):
+        file = serializers.FileField()
+        format = serializers.ChoiceField(choices=FORMATS)
+        batch = serializers.RegexField(r"^[\w.\-]{1,60}$", required=False, default="")
+        round = serializers.IntegerField(required=False, allow_null=True, default=None)
+        serve = serializers.BooleanField(required=False, default=False)
+        near_duplicates = serializers.BooleanField(required=False, default=False)
+
+    @extend_schema(request={"multipart/form-data": InputSerializer})
+    def post(self, request, project_id: int):
+        project = _project_for_manager(project_id, request.user)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        round_ = None
+        if data["round"] is not None:
+            round_ = get_object_or_404(Round, project=project, number=data["round"])
+        upload = data["file"]
+        stream = upload.file
+        if upload.name.endswith(".gz"):
+            stream = gzip.GzipFile(fileobj=upload.file, mode="rb")
+        try:
+            report = preferences_import(
+                project=project,
+                stream=stream,
+                fmt=data["format"],
+                batch=data["batch"],
+                round_=round_,
+                serve=data["serve"],
+                near_duplicates=data["near_duplicates"],
+            )
+        except ImportFailed as exc:
+            return Response(
+                {
+                    "detail": f"{exc.total_bad} bad line(s); nothing was imported.",
+                    "code": "invalid_import",
+                    "errors": [{"line": line, "error": msg} for line, msg in exc.errors],
+                },
+                status=400,
+            )
+        except (OSError, EOFError) as exc:  # a truncated or non-gzip .gz upload
+            return Response({"detail": f"cannot read the file: {exc}", "code": "file"}, 400)
+        return Response(report.as_dict(), status=status.HTTP_201_CREATED)
+
+
+class DatasetListApi(APIView):
+    parser_classes = [JSONParser]
+
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=200, required=False, default="")
+        policy = serializers.DictField(required=False, default=dict)
+        sync = serializers.BooleanField(required=False, default=False)
+
+    @extend_schema(responses=DatasetVersionOutput(many=True))
+    def get(self, request, project_id: int):
+        project = _project_for_manager(project_id, request.user)
+        versions = DatasetVersion.objects.filter(project=project).order_by("-version")
+        return Response(DatasetVersionOutput(versions, many=True).data)
+
+    @extend_schema(request=InputSerializer, responses=DatasetVersionOutput)
+    def post(self, request, project_id: int):
+        project = _project_for_manager(project_id, request.user)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        if data["sync"]:
+            dv = exports.dataset_version_export(
+                project=project, policy=data["policy"], name=data["name"], user=request.user
+            )
+            return Response(DatasetVersionOutput(dv).data, status=status.HTTP_201_CREATED)
+        dv = exports.dataset_version_create(
+            project=project, policy=data["policy"], name=data["name"], user=request.user
+        )
+        tasks.build_dataset_version_on_commit(dv.pk)
+        return Response(DatasetVersionOutput(dv).data, status=status.HTTP_202_ACCEPTED)
+
+
+class DatasetDetailApi(APIView):
+    @extend_schema(responses=DatasetVersionOutput)
+    def get(self, request, project_id: int, version: int):
+        project = _project_for_manager(project_id, request.user)
+        dv = get_object_or_404(DatasetVersion, project=project, version=version)
+        return Response(DatasetVersionOutput(dv).data)
+
+
+class DatasetFileApi(APIView):
+    @extend_schema(responses={200: bytes})
+    def get(self, request, project_id: int, version: int, name: str):
+        project = _project_for_manager(project_id, request.user)
+        dv = get_object_or_404(DatasetVersion, project=project, version=version)
+        path = exports.dataset_file_path(dataset_version=dv, name=name)
+        content_type = "application/json" if name.endswith(".json") else "application/jsonl"
+        return FileResponse(
+            path.open("rb"), as_attachment=True, filename=name, content_type=content_type
+        )
