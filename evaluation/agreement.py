@@ -40,9 +40,18 @@ def _factorize(values: Any, categories: Sequence | None = None) -> tuple[np.ndar
     if array.dtype.kind in "fiub" and categories is None:
         flat = array.astype(float).ravel()
         present = ~np.isnan(flat)
-        uniques, inverse = np.unique(flat[present], return_inverse=True)
+        observed = flat[present]
         codes = np.full(flat.shape, -1, dtype=np.int64)
-        codes[present] = inverse
+        low = observed.min() if observed.size else 0.0
+        span = observed.max() - low if observed.size else 0.0
+        if span < 4 * observed.size + 1024 and np.array_equal(observed, np.round(observed)):
+            # Small integer codes: a counting pass instead of a sort.
+            offsets = (observed - low).astype(np.int64)
+            used = np.bincount(offsets) > 0
+            codes[present] = (np.cumsum(used) - 1)[offsets]
+            uniques = np.flatnonzero(used) + low
+        else:
+            uniques, codes[present] = np.unique(observed, return_inverse=True)
         return codes.reshape(shape), uniques.tolist()
     flat = array.ravel()
     if categories is not None:
@@ -95,11 +104,10 @@ def rating_counts(
 def _unit_counts(codes: np.ndarray, n_values: int) -> np.ndarray:
     """Count, for every unit (column), how many raters chose each value."""
     n_units = codes.shape[1]
-    unit_index = np.broadcast_to(np.arange(n_units), codes.shape)
-    present = codes >= 0
-    flat = unit_index[present] * n_values + codes[present]
-    counts = np.bincount(flat, minlength=n_units * n_values)
-    return counts.reshape(n_units, n_values).astype(float)
+    width = n_values + 1  # one spare column collects the missing cells
+    cells = np.where(codes < 0, n_values, codes) + width * np.arange(n_units)
+    counts = np.bincount(cells.ravel(), minlength=n_units * width)
+    return counts.reshape(n_units, width)[:, :n_values].astype(float)
 
 
 def coincidence_matrix(
