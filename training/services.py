@@ -235,7 +235,7 @@ def _claim(run_id: int, task_id: str) -> Claim | None:
     """Mark the run as ours under a row lock, or return None when there is nothing to do."""
     with transaction.atomic():
         run = (
-            TrainingRun.objects.select_for_update()
+            TrainingRun.objects.select_for_update(of=("self",))
             .select_related("dataset_version", "base_model")
             .filter(pk=run_id)
             .first()
@@ -684,7 +684,7 @@ def _failure_message(exit_code: int, tail: str, output_dir: str) -> str:
 
 def _locked_attempt(run_id: int, attempt: int) -> TrainingRun | None:
     run = (
-        TrainingRun.objects.select_for_update()
+        TrainingRun.objects.select_for_update(of=("self",))
         .select_related("dataset_version", "base_model")
         .filter(pk=run_id)
         .first()
