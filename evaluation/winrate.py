@@ -103,7 +103,9 @@ def _rate(counts: np.ndarray) -> np.ndarray:
 
 def _cluster_weights(rng: np.random.Generator, n_clusters: int, size: int) -> np.ndarray:
     """Return how often each cluster is drawn in ``size`` resamples of all clusters."""
-    return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=size)
+    picks = rng.integers(0, n_clusters, size=(size, n_clusters))
+    picks += n_clusters * np.arange(size)[:, None]
+    return np.bincount(picks.ravel(), minlength=size * n_clusters).reshape(size, n_clusters)
 
 
 def win_rate(

@@ -68,11 +68,9 @@ class TestClusteredBootstrap:
         clustered_hits, naive_hits = [], []
         for _ in range(200):
             p = rng.beta(1.2, 0.8, size=80)
-            outcomes, prompts = [], []
-            for prompt, prob in enumerate(p):
-                for _ in range(5):
-                    outcomes.append("win" if rng.random() < prob else "loss")
-                    prompts.append(prompt)
+            wins = rng.random((80, 5)) < p[:, None]
+            outcomes = np.where(wins, "win", "loss").ravel().tolist()
+            prompts = np.repeat(np.arange(80), 5).tolist()
             seed = int(rng.integers(1 << 30))
             clustered = win_rate(outcomes, prompts, n_boot=400, seed=seed)
             naive = win_rate(outcomes, n_boot=400, seed=seed)
