@@ -20,14 +20,14 @@ from tests.factories import make_project
 
 pytestmark = pytest.mark.django_db
 
-HH_FILE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "hh-harmless-dev.jsonl.gz"
+HH_FILE = (
+    Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "hh-harmless-dev.jsonl.gz"
+)
 
 
 def _jsonl(rows) -> io.BytesIO:
     return io.BytesIO(
-        b"".join(
-            (r if isinstance(r, str) else json.dumps(r)).encode() + b"\n" for r in rows
-        )
+        b"".join((r if isinstance(r, str) else json.dumps(r)).encode() + b"\n" for r in rows)
     )
 
 
@@ -173,7 +173,11 @@ def test_near_duplicate_prompts_are_reported():
     rows = [
         {"prompt": base, "chosen": "a", "rejected": "b"},
         {"prompt": base + " please", "chosen": "a", "rejected": "b"},
-        {"prompt": "Something else entirely about cars and engines", "chosen": "a", "rejected": "b"},
+        {
+            "prompt": "Something else entirely about cars and engines",
+            "chosen": "a",
+            "rejected": "b",
+        },
     ]
     report = preferences_import(
         project=project, stream=_jsonl(rows), fmt="trl", near_duplicates=True
