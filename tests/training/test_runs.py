@@ -19,15 +19,13 @@ from django.utils import timezone
 
 from annotation.services import Conflict
 from tests.factories import make_project
-from tests.training.test_runs_support import (  # noqa: F401 - fixtures
-    make_dataset_version,
-    reward_config,
-    reward_snapshot,
-    training_settings,
-    wait_for,
-)
+from tests.training import test_runs_support as support
+from tests.training.test_runs_support import make_dataset_version, reward_config, wait_for
 from training import services
 from training.models import ModelVersion, TrainingRun
+
+training_settings = support.training_settings
+reward_snapshot = support.reward_snapshot
 
 
 def _create(model_dir, snapshot, **overrides) -> TrainingRun:
@@ -255,16 +253,13 @@ def test_full_disk_fails_the_run_clearly(training_settings, tiny_reward_dir, rew
 
 
 def test_failure_messages_name_the_cause():
-    assert services._failure_message(
-        1, "OSError: [Errno 28] No space left on device", "/o"
-    ).startswith("Disk full while writing to /o")
-    assert "not writable" in services._failure_message(
-        1, "PermissionError: Permission denied", "/o"
+    message = services._failure_message
+    assert message(1, "OSError: [Errno 28] No space left on device", "/o").startswith(
+        "Disk full while writing to /o"
     )
-    assert "SIGKILL (out of memory?)" in services._failure_message(-9, "", "/o")
-    assert services._failure_message(1, "Traceback ...", "/o").startswith(
-        "Training failed (exit code 1)"
-    )
+    assert "not writable" in message(1, "PermissionError: Permission denied", "/o")
+    assert "SIGKILL (out of memory?)" in message(-9, "", "/o")
+    assert message(1, "Traceback ...", "/o").startswith("Training failed (exit code 1)")
 
 
 @pytest.mark.django_db
