@@ -1,0 +1,130 @@
+"""Real headless Chromium (Debian's /usr/bin/chromium) driven by Playwright against live_server.
+
+Every page opened through the `annotator_page` fixture records dialogs, Content-Security-Policy
+violations and the body of every response, so tests can assert that nothing ran, nothing was
+blocked and nothing secret was sent.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Playwright's sync API runs an event loop in this thread; Django's ORM would refuse to run.
+os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+
+# Records CSP violations from inside the page (the console message is a second witness).
+CSP_LISTENER = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__cspViolations.push(
+    `${e.violatedDirective} ${e.blockedURI || "inline"} at ${e.sourceFile}:${e.lineNumber}`
+  );
+});
+"""
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield browser
+        browser.close()
+
+
+class PageRecorder:
+    """What one page saw: dialogs, CSP violations, console errors and response bodies."""
+
+    def __init__(self, page):
+        self.page = page
+        self.dialogs: list[str] = []
+        self.console_errors: list[str] = []
+        self.bodies: list[tuple[str, bytes]] = []
+        page.on("dialog", self._on_dialog)
+        page.on("console", self._on_console)
+        page.on("response", self._on_response)
+        page.add_init_script(CSP_LISTENER)
+
+    def _on_dialog(self, dialog):
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def _on_console(self, message):
+        if message.type in ("error", "warning"):
+            self.console_errors.append(message.text)
+
+    def _on_response(self, response):
+        try:
+            self.bodies.append((response.url, response.body()))
+        except Exception:  # redirects and aborted requests have no body
+            self.bodies.append((response.url, b""))
+
+    def csp_violations(self) -> list[str]:
+        from_console = [
+            text
+            for text in self.console_errors
+            if "Content Security Policy" in text or "Refused to" in text
+        ]
+        try:
+            from_page = self.page.evaluate("window.__cspViolations || []")
+        except Exception:
+            from_page = []
+        return from_console + from_page
+
+    def assert_clean(self):
+        assert self.dialogs == [], f"dialogs opened: {self.dialogs}"
+        assert self.csp_violations() == [], f"CSP violations: {self.csp_violations()}"
+
+    def assert_no_secret(self, secrets):
+        assert self.bodies, "no response was recorded"
+        for url, body in self.bodies:
+            text = body.decode("utf-8", "replace").lower()
+            for secret in secrets:
+                assert secret.lower() not in text, f"{secret!r} in the response from {url}"
+
+
+@pytest.fixture
+def make_page(browser, live_server, transactional_db):
+    """Open a fresh browser context (own cookies and storage) at a viewport size."""
+    contexts = []
+
+    def _make(width=1280, height=900):
+        context = browser.new_context(viewport={"width": width, "height": height})
+        context.set_default_timeout(15_000)
+        contexts.append(context)
+        return PageRecorder(context.new_page())
+
+    yield _make
+    for context in contexts:
+        context.close()
+
+
+def login(recorder, live_server, username, password="pw"):
+    page = recorder.page
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{live_server.url}/")
+
+
+def screenshot(page, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
