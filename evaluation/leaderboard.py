@@ -179,9 +179,17 @@ def _incidence(first: np.ndarray, second: np.ndarray, n_models: int) -> np.ndarr
     return incidence
 
 
-def _bt_log_likelihood(theta, incidence, wins, losses, l2):
+def _per_model(values: np.ndarray, models: np.ndarray, n_models: int) -> np.ndarray:
+    """Sum a B x P array into B x M by the model of each pair (no BLAS: tiny, many threads)."""
+    rows = values.shape[0]
+    index = (np.arange(rows)[:, None] * n_models + models[None, :]).ravel()
+    sums = np.bincount(index, weights=values.ravel(), minlength=rows * n_models)
+    return sums.reshape(rows, n_models)
+
+
+def _bt_log_likelihood(theta, first, second, wins, losses, l2):
     """Return the BT log-likelihood per replicate (rows of theta)."""
-    diff = theta @ incidence.T
+    diff = theta[:, first] - theta[:, second]
     penalty = 0.5 * l2 * (theta**2).sum(axis=-1)
     return (wins * log_expit(diff) + losses * log_expit(-diff)).sum(axis=-1) - penalty
 
@@ -205,11 +213,10 @@ def fit_bradley_terry(
     wins = np.atleast_2d(np.asarray(wins, dtype=float))
     losses = np.atleast_2d(np.asarray(losses, dtype=float))
     n_reps = wins.shape[0]
-    incidence = _incidence(first, second, n_models)
     totals = wins + losses
     theta = np.zeros((n_reps, n_models))
     converged = np.zeros(n_reps, dtype=bool)
-    current = _bt_log_likelihood(theta, incidence, wins, losses, l2)
+    current = _bt_log_likelihood(theta, first, second, wins, losses, l2)
     gauge = np.ones((n_models, n_models)) / n_models
     diagonal = np.arange(n_models)
     for _ in range(max_iter):
@@ -218,14 +225,19 @@ def fit_bradley_terry(
             break
         th, w, n = theta[active], wins[active], totals[active]
         # BT / logistic model: P(i beats j) = sigmoid(theta_i - theta_j)  (Bradley & Terry 1952)
-        p = expit(th @ incidence.T)
-        gradient = (w - n * p) @ incidence - l2 * th
+        p = expit(th[:, first] - th[:, second])
+        residual = w - n * p
+        gradient = (
+            _per_model(residual, first, n_models) - _per_model(residual, second, n_models) - l2 * th
+        )
         curvature = n * p * (1 - p)
         # Negative Hessian = weighted graph Laplacian: -c_p off the diagonal, sum of c on it
         hessian = np.zeros((th.shape[0], n_models, n_models))
         hessian[:, first, second] = -curvature
         hessian[:, second, first] = -curvature
-        hessian[:, diagonal, diagonal] = curvature @ np.abs(incidence) + l2
+        hessian[:, diagonal, diagonal] = (
+            _per_model(curvature, first, n_models) + _per_model(curvature, second, n_models) + l2
+        )
         hessian += gauge
         try:
             step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
@@ -234,7 +246,8 @@ def fit_bradley_terry(
         step -= step.mean(axis=1, keepdims=True)
         scale = np.ones(th.shape[0])
         new = th + step
-        new_ll = _bt_log_likelihood(new, incidence, w, totals[active] - w, l2)
+        losses_active = n - w
+        new_ll = _bt_log_likelihood(new, first, second, w, losses_active, l2)
         for _ in range(30):
             worse = new_ll < current[active] - 1e-12 * np.abs(current[active])
             if not worse.any():
@@ -242,7 +255,7 @@ def fit_bradley_terry(
             scale[worse] /= 2
             new[worse] = th[worse] + scale[worse, None] * step[worse]
             new_ll[worse] = _bt_log_likelihood(
-                new[worse], incidence, w[worse], totals[active][worse] - w[worse], l2
+                new[worse], first, second, w[worse], losses_active[worse], l2
             )
         theta[active] = new
         current[active] = new_ll

@@ -160,8 +160,9 @@ def _fit_logistic(
     coefficients = np.zeros((weights.shape[0], features.shape[1]))
     ridge = 1e-9 * np.eye(features.shape[1])
     for _ in range(max_iter):
-        p = expit(coefficients @ features.T)
-        gradient = (weights * (targets - p)) @ features
+        # einsum keeps these small products off multithreaded BLAS
+        p = expit(np.einsum("bk,nk->bn", coefficients, features))
+        gradient = np.einsum("bn,nk->bk", weights * (targets - p), features)
         hessian = np.einsum("bn,ni,nj->bij", weights * p * (1 - p), features, features) + ridge
         step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
         coefficients += np.clip(step, -5, 5)
