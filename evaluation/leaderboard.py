@@ -12,6 +12,7 @@ battles with replacement; all replicates are fitted at once. Pure numpy/scipy, n
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -94,12 +95,15 @@ class Leaderboard:
         return {model: float(r) for model, r in zip(self.models, self.ratings, strict=True)}
 
 
-def _factorize(values: Sequence) -> tuple[np.ndarray, list]:
-    """Return integer codes and the distinct values in first-seen order."""
-    seen: dict[Hashable, int] = {}
-    code_of = seen.setdefault
-    codes = np.fromiter((code_of(v, len(seen)) for v in values), dtype=np.int64, count=len(values))
-    return codes, list(seen)
+def _factorize(*columns: Sequence) -> tuple[list[np.ndarray], list]:
+    """Return integer codes per column over the distinct values of all, in first-seen order."""
+    names = list(dict.fromkeys(itertools.chain(*columns)))
+    index = {name: k for k, name in enumerate(names)}
+    codes = [
+        np.fromiter(map(index.__getitem__, column), dtype=np.int64, count=len(column))
+        for column in columns
+    ]
+    return codes, names
 
 
 def pair_counts(
@@ -120,19 +124,19 @@ def pair_counts(
         raise ValueError("pass battles or the three columns model_a, model_b, outcome")
     if not len(model_a) == len(model_b) == len(outcome):
         raise ValueError("model_a, model_b and outcome must have equal lengths")
-    codes, names = _factorize(list(model_a) + list(model_b))
+    (a, b), names = _factorize(model_a, model_b)
     if models is not None:
         order = {m: k for k, m in enumerate(models)}
         missing = set(names) - set(order)
         if missing:
             raise ValueError(f"battles name models not in models: {sorted(map(str, missing))}")
-        codes = np.asarray([order[n] for n in names], dtype=np.int64)[codes]
+        remap = np.asarray([order[n] for n in names], dtype=np.int64)
+        a, b = remap[a], remap[b]
         names = list(models)
     n = len(model_a)
-    a, b = codes[:n], codes[n:]
     if np.any(a == b):
         raise ValueError("a model cannot battle itself")
-    outcome_codes, outcome_names = _factorize(outcome)
+    (outcome_codes,), outcome_names = _factorize(outcome)
     try:
         outcome_map = np.asarray([OUTCOME_CODES[o] for o in outcome_names], dtype=np.int64)
     except KeyError as error:
@@ -392,6 +396,8 @@ def leaderboard(
     if both_bad not in BOTH_BAD_MODES:
         raise ValueError(f"both_bad must be one of {BOTH_BAD_MODES}")
     counts = battles if isinstance(battles, PairCounts) else pair_counts(battles)
+    if len(counts.models) < 2:
+        raise ValueError("a leaderboard needs battles between at least two models")
     outcomes = counts.outcomes()
     if l2 == 0:
         wins, losses, tie_counts = _fit_inputs(outcomes, ties, both_bad)

@@ -215,6 +215,17 @@ class TestOptions:
             leaderboard(battles, n_boot=0)
         assert np.isfinite(leaderboard(battles, n_boot=0, l2=0.1).ratings).all()
 
+    def test_model_order_can_be_fixed(self):
+        counts = pair_counts([("b", "a", "A")], models=["a", "b", "c"])
+        assert counts.models == ["a", "b", "c"]
+        assert counts.second_wins.tolist() == [1.0, 0.0, 0.0]
+        with pytest.raises(ValueError, match="not in models"):
+            pair_counts([("a", "z", "A")], models=["a", "b"])
+
+    def test_no_battles_is_rejected(self):
+        with pytest.raises(ValueError, match="at least two models"):
+            leaderboard([])
+
     def test_unknown_outcome_is_rejected(self):
         with pytest.raises(ValueError, match="unknown outcome"):
             pair_counts([("a", "b", "draw")])
