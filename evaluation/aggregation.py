@@ -3,7 +3,7 @@
 Input everywhere is a list of ``(item_id, annotator_id, label)`` tuples. Pairwise labels are
 ``"A"``, ``"B"``, ``"tie"`` and ``"both_bad"``; ties and both-bad stay outcomes of their own,
 and every result also carries a soft label, the share preferring A among A/B/tie votes with a
-tie counted half. Pure numpy, no Django.
+tie counted half. Numpy/scipy only, no Django.
 """
 
 from __future__ import annotations

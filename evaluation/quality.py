@@ -1,5 +1,7 @@
-"""Annotator quality checks on plain lists: gold accuracy, stability, position bias, speed,
-consensus outliers, and a pass/pause verdict against per-project thresholds. No Django.
+"""Annotator quality checks on plain lists, and a pass/pause verdict from project thresholds.
+
+Gold accuracy, self-agreement on repeats, position bias, speed, and agreement with the crowd's
+consensus. Numpy/scipy only, no Django.
 """
 
 from __future__ import annotations
@@ -205,6 +207,7 @@ def speed_outliers(
 
 def _poisson_binomial_cdf(successes: int, probabilities: np.ndarray) -> float:
     """Return P(X <= successes) for a sum of independent Bernoulli(p_i)."""
+    # Recursion P_i(k) = P_{i-1}(k)(1 - p_i) + P_{i-1}(k - 1) p_i  (Chen & Liu 1997, sec. 2)
     distribution = np.zeros(probabilities.size + 1)
     distribution[0] = 1.0
     for i, p in enumerate(probabilities, start=1):

@@ -1,5 +1,6 @@
-"""Win rate of a model against a baseline, with prompt-clustered bootstrap CIs and a
-length-controlled variant. Pure numpy/scipy, no Django.
+"""Win rate against a baseline, with prompt-clustered bootstrap CIs and length control.
+
+Numpy/scipy only, no Django.
 
 Convention: win rate = (W + 0.5 T) / (W + T + L). Ties count half; both-bad votes are reported
 but left out, since neither answer was acceptable and that says nothing about which is better.
