@@ -74,10 +74,11 @@ from typing import IO, Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
-from annotation.dedup import DedupTracker, MinHasher
+from annotation.dedup import DedupTracker, MinHasher, preview
 from annotation.importers_pref import render_hh
 from annotation.models import (
     DatasetVersion,
@@ -259,7 +260,7 @@ VOTE_FIELDS = (
     "annotator_id",
     "external_rater",
     "choice",
-    "ranking",
+    "ranking_text",  # the JSON as text: no per-row converter; parsed only when present
     "strength",
     "source",
 )
@@ -352,8 +353,8 @@ def _groups(rows: Iterable[tuple]) -> Iterator[tuple[int, list[tuple]]]:
         yield key, list(grouped)
 
 
-def _label_of(choice: str, ranking) -> Any:
-    return choice if choice else list(ranking)
+def _label_of(choice: str, ranking_text: str | None) -> Any:
+    return choice if choice else json.loads(ranking_text)
 
 
 def prompt_groups(project: Project, policy: ExportPolicy) -> Iterator[PromptGroup]:
@@ -376,6 +377,7 @@ def prompt_groups(project: Project, policy: ExportPolicy) -> Iterator[PromptGrou
     fields = VOTE_FIELDS + (RAW_FIELDS if policy.format == "raw" else ())
     votes = (
         Judgment.objects.filter(_judgment_filter(project, policy) & _included(policy))
+        .annotate(ranking_text=Cast("ranking", TextField()))
         .order_by("item__prompt_id", "item_id", "id")
         .values_list(*fields)
         .iterator(chunk_size=CHUNK)
@@ -426,39 +428,53 @@ def _remap(label, perm: list[int]):
 
 
 def _merge_units(group: PromptGroup, tracker: DedupTracker, merge: bool) -> list[Unit]:
-    """Count response and pair duplicates in a prompt; merge items with the same answers."""
-    seen_answers: dict[tuple[str, str], bool] = {}
-    for unit in group.units:
-        for _, chash, model in unit.answers:
-            if (chash, model) not in seen_answers:
-                seen_answers[(chash, model)] = True
-                tracker.see_response(group.content_hash, chash, None, f"prompt {group.prompt_id}")
+    """Count response and pair duplicates in a prompt; merge items with the same answers.
+
+    The export streams prompt by prompt, so response and pair keys only need to live for
+    one prompt: they are plain local sets here, and the tracker only gets the counts.
+    """
+    seen_answers: set[tuple[str, str]] = set()
+    seen_texts: set[str] = set()
     merged: dict[tuple, Unit] = {}
     out = []
     for unit in group.units:
+        for text, chash, model in unit.answers:
+            if (chash, model) in seen_answers:
+                continue
+            seen_answers.add((chash, model))
+            tracker.seen["responses"] += 1
+            if chash in seen_texts:
+                tracker.response.add(
+                    {"where": f"prompt {group.prompt_id}", "response": preview(text)}, tracker.limit
+                )
+            seen_texts.add(chash)
         hashes = [a[1] for a in unit.answers]
         key = tuple(sorted(hashes))
-        where = f"item {unit.item_ids[0]}"
         if len(hashes) == 2:
-            duplicate = tracker.see_pair(group.content_hash, hashes[0], hashes[1], where)
-        else:
-            duplicate = key in merged
-        if duplicate and merge and key in merged:
-            first = merged[key]
-            order = [a[1] for a in first.answers]
-            perm = [order.index(h) for h in hashes]
-            for vote in unit.votes:
-                vote.label = _remap(vote.label, perm)
-            first.votes.extend(unit.votes)
-            first.item_ids.extend(unit.item_ids)
-            first.rounds |= unit.rounds
-            continue
-        merged.setdefault(key, unit)
+            tracker.seen["pairs"] += 1
+        first = merged.get(key)
+        if first is not None:
+            if len(hashes) == 2:
+                tracker.pair.add(
+                    {"where": f"item {unit.item_ids[0]}", "same_as": f"item {first.item_ids[0]}"},
+                    tracker.limit,
+                )
+            if merge:
+                order = [a[1] for a in first.answers]
+                perm = [order.index(h) for h in hashes]
+                for vote in unit.votes:
+                    vote.label = _remap(vote.label, perm)
+                first.votes.extend(unit.votes)
+                first.item_ids.extend(unit.item_ids)
+                first.rounds |= unit.rounds
+                continue
         unit.gid = hashlib.sha256((group.content_hash + "|" + "|".join(key)).encode()).hexdigest()[
             :16
         ]
-        if key in merged and merged[key] is not unit:
+        if first is not None:
             unit.gid += f"-{unit.item_ids[0]}"
+        else:
+            merged[key] = unit
         out.append(unit)
     return out
 
@@ -534,13 +550,15 @@ class Decider:
         out: list[Decision] = []
         ranking = len(unit.answers) > 2
         ordinals = {v.judgment_id: n for n, v in enumerate(unit.votes)} if ranking else {}
-        for (i, j), votes in sorted(_decision_votes(unit).items()):
+        decision_votes = _decision_votes(unit)
+        for i, j in sorted(decision_votes) if ranking else decision_votes:
+            votes = decision_votes[(i, j)]
             if len(votes) < policy.min_votes:
                 self.dropped["few_votes"] += 1
                 continue
-            tuples = [((i, j), v.rater, lab) for v, lab in votes]  # one decision at a time
             if policy.aggregation == "per_judgment":
                 if policy.min_agreement > 0:
+                    tuples = [((i, j), v.rater, lab) for v, lab in votes]
                     agreement = aggregation.majority_vote(tuples)[(i, j)].confidence
                     if agreement < policy.min_agreement:
                         self.dropped["low_agreement"] += len(votes)
@@ -550,6 +568,7 @@ class Decider:
                     margin = float(policy.margins.get(vote.strength, 0.0))
                     out.append(_to_decision(lab, i, j, None, margin, gid))
                 continue
+            tuples = [((i, j), v.rater, lab) for v, lab in votes]  # one decision at a time
             if policy.aggregation == "majority":
                 result = aggregation.majority_vote(tuples)[(i, j)]
             elif policy.aggregation == "trust_weighted":
@@ -633,6 +652,27 @@ class Renderer:
             row["tie"] = d.label == "tie"
         return row
 
+    def encoded_answers(self, payload, unit: Unit, prompt_json: str | None) -> list[str]:
+        """Return each answer of a unit JSON-encoded as it appears in a preference row."""
+        if self.policy.format == "hh":
+            return [encode(render_hh(payload, a[0])) for a in unit.answers]
+        return [encode(self.completion(payload, a[0])) for a in unit.answers]
+
+    def preference_line(self, prompt_json: str, answers: list[str], d: Decision) -> str:
+        """Return the JSON line of `preference` from pre-encoded parts (the hot path)."""
+        if self.policy.format == "hh":
+            return f'{{"chosen":{answers[d.first]},"rejected":{answers[d.second]}}}'
+        line = (
+            f'{{"prompt":{prompt_json},"chosen":{answers[d.first]},'
+            f'"rejected":{answers[d.second]},"margin":{_number(d.margin)},'
+            f'"soft_label":{_number(d.soft_label)},"group_id":{encode(d.group_id)}'
+        )
+        if self.policy.ties == "keep":
+            line += ',"tie":true}' if d.label == "tie" else ',"tie":false}'
+        else:
+            line += "}"
+        return line
+
     def unpaired(self, payload, text: str, label: bool, gid: str) -> dict:
         return {
             "prompt": self.prompt(payload),
@@ -680,6 +720,14 @@ def _rater_parts(rater: tuple) -> tuple[int | None, str]:
     return (rater[1], "") if rater[0] == "u" else (None, rater[1])
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+encode = _ENCODER.encode
+
+
+def _number(value: float | None) -> str:
+    return "null" if value is None else repr(float(value))
+
+
 class SnapshotWriter:
     """Append JSON lines to ``<split>.jsonl`` and side files, opened on first use."""
 
@@ -689,10 +737,16 @@ class SnapshotWriter:
         self.counts: Counter = Counter()
 
     def write(self, name: str, row: dict) -> None:
+        self.write_line(name, encode(row))
+
+    def write_line(self, name: str, line: str) -> None:
         handle = self.handles.get(name)
         if handle is None:
-            handle = self.handles[name] = (self.folder / name).open("w", encoding="utf-8")
-        handle.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+            handle = self.handles[name] = (self.folder / name).open(
+                "w", encoding="utf-8", buffering=1 << 20
+            )
+        handle.write(line)
+        handle.write("\n")
         self.counts[name] += 1
 
     def close(self) -> None:
@@ -792,7 +846,7 @@ def _export_rows(project, policy, folder, progress) -> ExportResult:
                     near_groups[group.prompt_id] = group_key
             split = split_for(policy.seed, group_key, policy.split)
             units = _merge_units(group, tracker, policy.merge_duplicate_pairs)
-            tracker.forget_prompt_scope()
+            prompt_json = encode(renderer.prompt(group.payload))
             for unit in units:
                 rounds |= unit.rounds
                 n_votes += len(unit.votes)
@@ -800,9 +854,16 @@ def _export_rows(project, policy, folder, progress) -> ExportResult:
                     for vote in unit.votes:
                         writer.write(f"{split}.jsonl", renderer.raw(group, unit, vote))
                     continue
+                answers = None
                 for d in decider.decide(unit):
                     decisions[d.label] += 1
-                    _write_decision(writer, renderer, policy, split, group.payload, unit, d)
+                    if d.label == "win" and policy.format != "unpaired":
+                        if answers is None:
+                            answers = renderer.encoded_answers(group.payload, unit, prompt_json)
+                        line = renderer.preference_line(prompt_json, answers, d)
+                        writer.write_line(f"{split}.jsonl", line)
+                    else:
+                        _write_decision(writer, renderer, policy, split, group.payload, unit, d)
             if progress is not None:
                 progress(sum(len(u.votes) for u in units))
     finally:
