@@ -889,9 +889,16 @@ class PPOTrainer:
         return self.accelerator.unwrap_model(self.value_model)
 
     def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over processes (identity in a single process)."""
         if self.accelerator.num_processes == 1:
             return tensor
         return self.accelerator.reduce(tensor.to(self.device), reduction="sum").cpu()
+
+    def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate a per-sequence tensor over processes (identity in a single process)."""
+        if self.accelerator.num_processes == 1:
+            return tensor
+        return self.accelerator.gather(tensor.to(self.device)).cpu()
 
     def next_prompts(self) -> list[Any]:
         """Return this process's prompts for the next update and advance the data position.
@@ -1050,7 +1057,7 @@ class PPOTrainer:
         def normalize(values: torch.Tensor) -> torch.Tensor:
             if not config.normalize_score:
                 return values
-            self.score_moments.update(values)
+            self.score_moments.update(self._gather(values))  # the same statistics everywhere
             return (values - self.score_moments.mean) / (self.score_moments.std + 1e-8)
 
         def clip(values: torch.Tensor) -> torch.Tensor:
@@ -1222,10 +1229,13 @@ class PPOTrainer:
         update_stats = self.optimize(rollout)
         metrics = self.rollout_metrics(rollout)
         metrics.update({f"ppo/{k}": v for k, v in update_stats.items()})
-        # beta is adapted on the rollout's mean KL per sequence (Ziegler et al. 2019 §2.2).
-        self.kl_controller.update(
-            metrics["kl/seq_mean"], rollout.response_ids.shape[0] * self.accelerator.num_processes
-        )
+        # beta is adapted on the rollout's mean KL per sequence over all processes
+        # (Ziegler et al. 2019 §2.2), so every process keeps the same beta.
+        kl_per_sequence = self._gather(rollout.kl.sum(dim=1))
+        self.kl_controller.update(float(kl_per_sequence.mean()), kl_per_sequence.numel())
+        if self.accelerator.num_processes > 1:  # the headline numbers over every process
+            metrics["kl/seq_mean"] = float(kl_per_sequence.mean())
+            metrics["score/raw_mean"] = float(self._gather(rollout.raw_scores).mean())
         self.update_step += 1
         self.episodes += rollout.response_ids.shape[0] * self.accelerator.num_processes
         metrics.update(
