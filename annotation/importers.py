@@ -70,6 +70,7 @@ class ImportReport:
     candidates_reused: int = 0
     duplicate_prompts_in_file: int = 0
     duplicate_pairs_in_file: int = 0
+    dedup: dict = field(default_factory=dict)
     round_id: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -235,7 +236,9 @@ def items_import(
     errors: list[tuple[int, str]] = []
     total_bad = 0
     seen_ids: set[str] = set()
-    seen_prompts: set[str] = set()
+    from annotation.dedup import DedupTracker
+
+    tracker = DedupTracker()
     seen_pairs: set[frozenset] = set()
     report = ImportReport()
     n_rows = 0
@@ -248,13 +251,14 @@ def items_import(
                 if key in seen_ids:
                     problems.append(f"duplicate id {key!r} in file")
                 seen_ids.add(key)
-            phash = content_hash(row.get("prompt") or row.get("messages"))
-            if phash in seen_prompts:
+            payload = row.get("prompt") or row.get("messages")
+            phash = content_hash(payload)
+            if tracker.see_prompt(phash, payload, f"line {number}"):
                 report.duplicate_prompts_in_file += 1
-            seen_prompts.add(phash)
-            pair = frozenset(
-                content_hash(c["text"] if isinstance(c, dict) else c) for c in row["candidates"]
-            )
+            texts = [c["text"] if isinstance(c, dict) else c for c in row["candidates"]]
+            for text in texts:
+                tracker.see_response(phash, content_hash(text), text, f"line {number}")
+            pair = frozenset(content_hash(text) for text in texts)
             if (phash, pair) in seen_pairs:
                 problems.append("the same prompt with the same candidates appears earlier")
             seen_pairs.add((phash, pair))
@@ -273,6 +277,8 @@ def items_import(
             total_bad += 1
     if total_bad:
         raise ImportFailed(errors, total_bad)
+    report.dedup = tracker.report()
+    del tracker, seen_pairs
     if n_rows == 0:
         raise ImportFailed([(0, "the file holds no rows")], 1)
 
