@@ -13,6 +13,7 @@ import nh3
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_POST
 from markdown_it import MarkdownIt
@@ -21,13 +22,20 @@ from annotation import selectors, services
 from annotation.models import Assignment, Membership, Project, TaskKind
 from annotation.web_selectors import annotator_project_list
 
-# Raw HTML in the source is escaped as text (html=False); images are not rendered at all, so
-# no remote image is ever fetched; markdown-it already refuses javascript:/vbscript:/data: links.
-_MARKDOWN = (
-    MarkdownIt("commonmark", {"html": False, "breaks": True, "linkify": False})
-    .enable(["table", "strikethrough"])
-    .disable("image")
+# Raw HTML in the source is escaped as text (html=False); images become the text
+# "[image: alt]", so no remote image is ever fetched; markdown-it already refuses
+# javascript:/vbscript:/data: links.
+_MARKDOWN = MarkdownIt("commonmark", {"html": False, "breaks": True, "linkify": False}).enable(
+    ["table", "strikethrough"]
 )
+
+
+def _image_as_text(renderer, tokens, idx, options, env) -> str:
+    alt = renderer.renderInlineAsText(tokens[idx].children or [], options, env)
+    return escape(f"[image: {alt}]")
+
+
+_MARKDOWN.add_render_rule("image", _image_as_text)
 # Defence in depth on the rendered HTML: a closed list of tags, no style, no event handlers.
 _SAFE_TAGS = (
     {"p", "br", "pre", "code", "blockquote", "hr", "ul", "ol", "li"}

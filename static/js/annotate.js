@@ -768,6 +768,10 @@
   document.addEventListener("keydown", onKeyDown);
   document.addEventListener("htmx:sendError", onHtmxError);
   document.addEventListener("htmx:responseError", onHtmxError);
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var elt = event.detail.elt;
+    if (elt && elt.id === "skip-form" && event.detail.successful) setStatus("Skipped", "saved", 2500);
+  });
   document.addEventListener("htmx:afterSwap", function (event) {
     if (event.detail.target && event.detail.target.id === "task") {
       nextRetry.attempt = 0;

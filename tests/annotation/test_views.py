@@ -235,6 +235,9 @@ def test_untrusted_text_keeps_code_blocks_and_line_breaks():
     html = str(render_untrusted("first line\nsecond line\n\n```python\nprint('<b>')\n```"))
     assert "first line<br>" in html
     assert "<pre><code>print('&lt;b&gt;')" in html
+    assert str(render_untrusted("![pixel](https://tracker.example/p.png)")) == (
+        "<p>[image: pixel]</p>\n"
+    )
     link = str(render_untrusted("[site](https://example.org)"))
     assert 'href="https://example.org"' in link and 'rel="noopener noreferrer nofollow"' in link
 

@@ -5,7 +5,9 @@ violations and the body of every response, so tests can assert that nothing ran,
 blocked and nothing secret was sent.
 """
 
+import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,13 @@ def make_page(browser, live_server, transactional_db):
         return PageRecorder(context.new_page())
 
     yield _make
+    # Stop the pages' timers and requests first, and give the server a moment to finish what
+    # it is serving: a request still in flight would hold locks against the database flush.
+    for context in contexts:
+        for page in context.pages:
+            with contextlib.suppress(Exception):  # a page that is already closing
+                page.goto("about:blank")
+    time.sleep(0.3)
     for context in contexts:
         context.close()
 
