@@ -652,7 +652,7 @@ class Renderer:
             row["tie"] = d.label == "tie"
         return row
 
-    def encoded_answers(self, payload, unit: Unit, prompt_json: str | None) -> list[str]:
+    def encoded_answers(self, payload, unit: Unit) -> list[str]:
         """Return each answer of a unit JSON-encoded as it appears in a preference row."""
         if self.policy.format == "hh":
             return [encode(render_hh(payload, a[0])) for a in unit.answers]
@@ -859,7 +859,7 @@ def _export_rows(project, policy, folder, progress) -> ExportResult:
                     decisions[d.label] += 1
                     if d.label == "win" and policy.format != "unpaired":
                         if answers is None:
-                            answers = renderer.encoded_answers(group.payload, unit, prompt_json)
+                            answers = renderer.encoded_answers(group.payload, unit)
                         line = renderer.preference_line(prompt_json, answers, d)
                         writer.write_line(f"{split}.jsonl", line)
                     else:

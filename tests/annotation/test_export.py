@@ -385,3 +385,21 @@ def test_policy_round_trips_through_the_stored_version():
     policy = ExportPolicy.from_dict({"sources": ["human", "ai"], "rounds": [2, 1]})
     again = ExportPolicy.from_dict({**policy.policies(), **policy.filters()})
     assert again == policy
+
+
+def test_near_duplicate_prompts_can_be_kept_in_one_split():
+    project = make_project()
+    items = make_items(project, 30)
+    base = "Explain step by step: " + " ".join(f"gear{i}" for i in range(100))
+    for n, item in enumerate(items):
+        Prompt.objects.filter(pk=item.prompt_id).update(text=f"{base} variant {n}")
+        vote(item, make_user(), choice="A")
+    split = {"train": 0.34, "validation": 0.33, "test": 0.33}
+    # A seed that sends the first prompt's group (which all the others join) to train.
+    first = items[0].prompt.content_hash
+    seed = next(s for s in range(100) if split_for(s, first, split) == "train")
+    grouped = export(project, near_duplicates="group", split=split, seed=seed)
+    assert grouped.report["dedup"]["near_duplicate_prompt"]["duplicates"] == 29
+    assert sum(1 for n in grouped.split_counts.values() if n) == 1
+    reported = export(project, near_duplicates="report", split=split, seed=seed)
+    assert sum(1 for n in reported.split_counts.values() if n) > 1
