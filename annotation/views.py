@@ -53,11 +53,12 @@ _CLEANER = nh3.Cleaner(
 )
 
 ROLE_LABELS = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+# value -> (label, keys shown, aria-keyshortcuts)
 CHOICE_LABELS = {
-    "A": ("A is better", "1 / A"),
-    "B": ("B is better", "2 / B"),
-    "tie": ("Tie", "T"),
-    "both_bad": ("Both bad", "X"),
+    "A": ("A is better", "1 / A", "1 A"),
+    "B": ("B is better", "2 / B", "2 B"),
+    "tie": ("Tie", "T", "T"),
+    "both_bad": ("Both bad", "X", "X"),
 }
 SKIP_REASONS = [
     ("expertise", "Outside my expertise"),
@@ -134,7 +135,12 @@ def _item_context(*, assignment: Assignment, project: Project) -> dict:
             for index, candidate in enumerate(payload["candidates"])
         ],
         "choices": [
-            {"value": value, "label": CHOICE_LABELS[value][0], "keys": CHOICE_LABELS[value][1]}
+            {
+                "value": value,
+                "label": CHOICE_LABELS[value][0],
+                "keys": CHOICE_LABELS[value][1],
+                "shortcuts": CHOICE_LABELS[value][2],
+            }
             for value in options["choices"]
         ],
         "skip_reasons": SKIP_REASONS,

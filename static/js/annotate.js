@@ -10,6 +10,10 @@
  * backoff on network errors, 408, 429 and 5xx until a 2xx or a definitive 4xx, and again after
  * a reload. The server answers a repeated key with the first judgment, so a retry never counts
  * twice. The next item is swapped in by htmx only after the server has the judgment.
+ *
+ * Lease: POST /api/assignments/{id}/heartbeat/ every min(60 s, lease / 3) while the item is
+ * open, unless the page has had no input for 30 minutes (then the lease may lapse and the item
+ * goes back to the pool; the next input checks the lease at once).
  */
 (function () {
   "use strict";
@@ -17,11 +21,13 @@
   var GRACE_MS = 5000;
   var OUTBOX_KEY = "prefloop.outbox.v1";
   var MAX_BACKOFF_MS = 30000;
+  var IDLE_LIMIT_MS = 30 * 60 * 1000;
 
   var state = null; // the item on screen
   var heartbeatTimer = null;
   var nextRetry = { timer: null, attempt: 0 };
   var statusTimer = null;
+  var lastActivity = Date.now();
 
   function $(selector, root) {
     return (root || document).querySelector(selector);
@@ -294,6 +300,8 @@
 
   function beat() {
     if (!state || state.phase !== "editing") return;
+    // A page left open and untouched for long does not hold its item forever.
+    if (Date.now() - lastActivity > IDLE_LIMIT_MS) return;
     var current = state;
     postJson(current.el.dataset.heartbeatUrl)
       .then(function (result) {
@@ -766,6 +774,17 @@
   }
 
   document.addEventListener("keydown", onKeyDown);
+  ["keydown", "pointerdown", "wheel", "scroll", "touchstart"].forEach(function (type) {
+    document.addEventListener(
+      type,
+      function () {
+        var wasIdle = Date.now() - lastActivity > IDLE_LIMIT_MS;
+        lastActivity = Date.now();
+        if (wasIdle) beat(); // back from a long break: find out at once whether the lease held
+      },
+      { passive: true, capture: true }
+    );
+  });
   document.addEventListener("htmx:sendError", onHtmxError);
   document.addEventListener("htmx:responseError", onHtmxError);
   document.addEventListener("htmx:afterRequest", function (event) {
