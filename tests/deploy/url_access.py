@@ -1,0 +1,132 @@
+"""Who may use which URL: the table tests/deploy/test_permissions.py checks every URL against.
+
+Every URL pattern in the URLconf needs an entry here, keyed by its name (`namespace:name`
+for namespaced ones; `namespace:*` covers a whole namespace). A new endpoint without an
+entry fails `test_every_url_is_classified`: add it with the roles that may use each method.
+
+Roles of the matrix, all about one project P (see the `world` fixture):
+  anonymous         not logged in
+  outsider          annotator of another project
+  other_researcher  researcher of another project
+  annotator         annotator of P (has a live assignment of their own)
+  reviewer          reviewer of P
+  researcher        researcher of P
+  staff             staff superuser, member of no project
+
+Public (anonymous may get a 2xx): the login pages and the token endpoint (they are how one
+logs in), the logout pages, and the OpenAPI schema with its Swagger UI (structure only, no
+data): login, logout, api-token, api-schema, api-docs, admin:login, admin:logout.
+Static files are served by whitenoise before the URLconf and carry no data.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+ROLES = (
+    "anonymous",
+    "outsider",
+    "other_researcher",
+    "annotator",
+    "reviewer",
+    "researcher",
+    "staff",
+)
+
+# Who gets in, as sets of roles.
+PUBLIC = frozenset(ROLES)
+LOGGED_IN = PUBLIC - {"anonymous"}
+# Any researcher (lists filtered to their own projects) and staff.
+ANY_RESEARCHER = frozenset({"other_researcher", "researcher", "staff"})
+# Members of P in any role, and staff (who see every project).
+MEMBER = frozenset({"annotator", "reviewer", "researcher", "staff"})
+# Work served to a member of P: staff are no member, so they are not served.
+MEMBER_ONLY = frozenset({"annotator", "reviewer", "researcher"})
+REVIEWER = frozenset({"reviewer", "researcher", "staff"})
+RESEARCHER = frozenset({"researcher", "staff"})
+STAFF = frozenset({"staff"})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The roles that may GET / POST a URL (None: the method is not served)."""
+
+    get: frozenset | None = None
+    post: frozenset | None = None
+    # Body of the POST, from the world (default: empty JSON for /api/, empty form otherwise).
+    post_data: Callable | None = None
+    # Query string for GET.
+    query: str = ""
+    # Statuses an allowed role may also get (e.g. a 404 the view answers for every object).
+    also_ok: frozenset = field(default_factory=frozenset)
+
+
+ACCESS: dict[str, Rule] = {
+    # --- logging in and out, API docs (public) ---
+    "login": Rule(get=PUBLIC, post=PUBLIC),
+    "logout": Rule(post=PUBLIC),
+    "api-token": Rule(post=PUBLIC),
+    "api-schema": Rule(get=PUBLIC),
+    "api-docs": Rule(get=PUBLIC),
+    # --- annotator pages ---
+    "annotate-home": Rule(get=LOGGED_IN),
+    "annotate-task": Rule(get=MEMBER_ONLY),
+    "annotate-next": Rule(post=MEMBER_ONLY),
+    "annotate-skip": Rule(post=MEMBER_ONLY, post_data=lambda w: {"reason": "unreadable"}),
+    # --- annotation API ---
+    "api-projects": Rule(get=LOGGED_IN, post=STAFF),
+    "api-project": Rule(get=MEMBER),
+    "api-members": Rule(post=RESEARCHER),
+    "api-rounds": Rule(get=RESEARCHER, post=RESEARCHER),
+    "api-round-close": Rule(post=RESEARCHER),
+    "api-import": Rule(post=RESEARCHER),
+    "api-import-preferences": Rule(post=RESEARCHER),
+    "api-next": Rule(post=MEMBER_ONLY),
+    "api-progress": Rule(get=MEMBER),
+    "api-submit": Rule(post=MEMBER_ONLY),
+    "api-skip": Rule(post=MEMBER_ONLY, post_data=lambda w: {"reason": "unreadable"}),
+    "api-heartbeat": Rule(post=MEMBER_ONLY),
+    # --- datasets (exports) ---
+    "api-datasets": Rule(get=RESEARCHER, post=RESEARCHER),
+    "api-dataset": Rule(get=RESEARCHER),
+    "api-dataset-file": Rule(get=RESEARCHER),
+    # --- training runs and the model registry ---
+    "api-training-runs": Rule(
+        get=ANY_RESEARCHER,
+        post=RESEARCHER,
+        post_data=lambda w: {
+            "recipe": "reward",
+            "config": {},
+            "dataset_version_id": w.dataset.pk,
+        },
+    ),
+    "api-training-run": Rule(get=RESEARCHER),
+    "api-training-run-cancel": Rule(post=RESEARCHER),
+    "api-training-run-resume": Rule(post=RESEARCHER),
+    "api-model-versions": Rule(get=ANY_RESEARCHER),
+    "api-model-version": Rule(get=RESEARCHER),
+    # --- Django admin: staff only, except its login page ---
+    "admin:*": Rule(get=STAFF, post=STAFF),
+    "admin:login": Rule(get=PUBLIC, post=PUBLIC),
+    # Logging out shows nothing; the admin sends non-staff callers to its index.
+    "admin:logout": Rule(get=PUBLIC, post=PUBLIC),
+    "admin:password_change_done": Rule(get=STAFF),
+    "admin:jsi18n": Rule(get=STAFF),
+    "admin:autocomplete": Rule(
+        get=STAFF,
+        query="app_label=annotation&model_name=membership&field_name=user&term=a",
+    ),
+    # The shortcut answers 404 for models without get_absolute_url (all of ours).
+    "admin:view_on_site": Rule(get=STAFF, also_ok=frozenset({404})),
+}
+
+
+def rule_for(name: str) -> Rule | None:
+    """Return the rule of a URL name: its own entry, else its namespace's `ns:*` entry."""
+    if name in ACCESS:
+        return ACCESS[name]
+    namespace, _, _ = name.rpartition(":")
+    while namespace:
+        if f"{namespace}:*" in ACCESS:
+            return ACCESS[f"{namespace}:*"]
+        namespace, _, _ = namespace.rpartition(":")
+    return None
