@@ -30,20 +30,20 @@ def _pairwise_project():
     annotator = make_user("ann-pairwise")
     add_member(project, annotator)
     items = make_items(project, 5, models=SECRET_MODELS, gold=[None, None, None, None, "A"])
-    # Give the first prompts realistic content: a chat transcript and a code answer.
-    first = items[0]
-    first.prompt.messages = [
-        {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": "How do I reverse a list in Python?"},
-    ]
-    first.prompt.save()
-    for slot in first.slots.select_related("candidate"):
-        # Keep the factory's first line ("answer <position> to <n>"): the test maps slots by it.
-        slot.candidate.text += (
-            "\n\nUse slicing:\n\n```python\nitems = [1, 2, 3]\nprint(items[::-1])\n```\n"
-            "This returns a **new** list." + (" It does not change `items`." * slot.position)
-        )
-        slot.candidate.save()
+    # Realistic content: a chat transcript and answers with a code block.
+    for item in items:
+        item.prompt.messages = [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "How do I reverse a list in Python?"},
+        ]
+        item.prompt.save()
+        for slot in item.slots.select_related("candidate"):
+            # Keep the factory's first line ("answer <position> to <n>"): the test maps by it.
+            slot.candidate.text += (
+                "\n\nUse slicing:\n\n```python\nitems = [1, 2, 3]\nprint(items[::-1])\n```\n"
+                "This returns a **new** list." + (" It does not change `items`." * slot.position)
+            )
+            slot.candidate.save()
     return project, annotator
 
 
@@ -62,6 +62,7 @@ def test_pairwise_by_keyboard_alone(make_page, live_server):
     page = recorder.page
     login(recorder, live_server, annotator.username)
     assert project.name in page.content()
+    screenshot(page, "home")
     # Keyboard only from the project list: Tab to the Start link and press Enter.
     for _ in range(10):
         page.keyboard.press("Tab")
@@ -108,6 +109,7 @@ def test_pairwise_by_keyboard_alone(make_page, live_server):
             page.keyboard.press("a")
             page.keyboard.press("Enter")
             page.wait_for_selector("#undo-btn:not([hidden])")
+            screenshot(page, "pairwise-pending-undo")
             page.keyboard.press("u")
             page.wait_for_selector("#undo-btn", state="hidden")
             assert page.is_enabled('input[name="choice"][value="tie"]')
