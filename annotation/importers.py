@@ -34,6 +34,7 @@ from annotation.models import (
 BATCH = 500
 MAX_ERRORS_REPORTED = 1000
 GENERATION_KEYS = {
+    "batch",  # [start, size, row] of a batched generate() call: needed to reproduce a sample
     "template",
     "temperature",
     "top_p",

@@ -7,5 +7,4 @@ bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1
 export HF_DATASETS_DISABLE_PROGRESS_BARS=1 TOKENIZERS_PARALLELISM=false
 export DJANGO_DEBUG="${DJANGO_DEBUG:-0}"
-.venv/bin/python manage.py collectstatic --noinput -v 0
 exec .venv/bin/python manage.py demo "$@"

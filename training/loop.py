@@ -312,29 +312,35 @@ def loop_ready(*, project: Project, settings: LoopSettings) -> Round | None:
 def _dataset(round_: Round, settings: LoopSettings, key: str):
     from annotation.models import DatasetVersion
 
-    existing = DatasetVersion.objects.filter(project=round_.project, name=key).first()
+    existing = (
+        DatasetVersion.objects.filter(project=round_.project, name=key)
+        .exclude(status="failed").order_by("-version").first()
+    )
     if existing is not None and existing.status == "ready":
         return existing, "done"
-    from annotation.exports import dataset_export
+    from annotation.exports import dataset_version_build, dataset_version_create
 
-    rounds = list(
-        Round.objects.filter(project=round_.project, number__lte=round_.number).values_list(
-            "number", flat=True
+    if existing is None:
+        rounds = list(
+            Round.objects.filter(project=round_.project, number__lte=round_.number)
+            .values_list("number", flat=True)
         )
-    )
-    version = dataset_export(
-        project=round_.project,
-        name=key,
-        rounds=rounds,
-        policies={
-            "aggregation": settings.aggregation,
-            "sources": settings.sources,
-            "ties": "drop",
-            "both_bad": "drop",
-        },
-        splits={"train": 0.9, "validation": 0.1, "test": 0.0},
-        seed=settings.seed,
-    )
+        existing = dataset_version_create(
+            project=round_.project,
+            name=key,
+            policy={
+                "format": "trl",
+                "aggregation": settings.aggregation,
+                "sources": settings.sources,
+                "ties": "drop",
+                "both_bad": "drop",
+                "rounds": rounds,
+                "split": {"train": 0.9, "validation": 0.1, "test": 0.0},
+                "seed": settings.seed,
+                "hf": False,
+            },
+        )
+    version = dataset_version_build(dataset_version_id=existing.pk)
     return version, "started"
 
 

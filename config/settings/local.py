@@ -6,3 +6,11 @@ from config.settings.base import BASE_DIR
 
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
 (BASE_DIR / "var").mkdir(exist_ok=True)
+
+# Serve static files straight from the app folders: no collectstatic needed in development.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG

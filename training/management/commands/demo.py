@@ -227,14 +227,17 @@ class Command(BaseCommand):
             cwd=settings.BASE_DIR,
             env=env,
         )
-        for _ in range(100):
+        for _ in range(300):
             try:
-                requests.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=1)
+                requests.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=5)
                 return server
-            except requests.ConnectionError:
+            except requests.RequestException:
                 if server.poll() is not None:
-                    raise CommandError("The web server did not start.") from None
+                    raise CommandError(
+                        f"The web server did not start (port {port} busy?)."
+                    ) from None
                 time.sleep(0.2)
+        server.terminate()
         raise CommandError("The web server did not answer.")
 
     def _label(self, project: Project, url: str, pool: str, speedup: float, seed: int) -> None:
