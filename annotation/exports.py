@@ -538,6 +538,20 @@ class Decider:
         self.weights = weights or {}
         self.ds_labels = ds_labels or {}
         self.dropped: Counter = Counter()
+        self._majority: dict[tuple, aggregation.AggregatedLabel] = {}
+
+    def majority(self, votes: list[tuple[Vote, str]]) -> aggregation.AggregatedLabel:
+        """Return `aggregation.majority_vote` of the votes, memoised on the label multiset.
+
+        An unweighted vote depends only on how many votes each label got, and a few labels
+        over a few annotators make few distinct multisets: most decisions hit the cache.
+        """
+        key = tuple(sorted(lab for _, lab in votes))
+        result = self._majority.get(key)
+        if result is None:
+            result = aggregation.majority_vote([(0, n, lab) for n, lab in enumerate(key)])[0]
+            self._majority[key] = result
+        return result
 
     def margin_of(self, votes: list[tuple[Vote, str]], label: str) -> float:
         values = [
@@ -557,21 +571,19 @@ class Decider:
                 self.dropped["few_votes"] += 1
                 continue
             if policy.aggregation == "per_judgment":
-                if policy.min_agreement > 0:
-                    tuples = [((i, j), v.rater, lab) for v, lab in votes]
-                    agreement = aggregation.majority_vote(tuples)[(i, j)].confidence
-                    if agreement < policy.min_agreement:
-                        self.dropped["low_agreement"] += len(votes)
-                        continue
+                agreement = self.majority(votes).confidence if policy.min_agreement else 1.0
+                if agreement < policy.min_agreement:
+                    self.dropped["low_agreement"] += len(votes)
+                    continue
                 for vote, lab in votes:
                     gid = f"{unit.gid}/{ordinals[vote.judgment_id]}" if ranking else unit.gid
                     margin = float(policy.margins.get(vote.strength, 0.0))
                     out.append(_to_decision(lab, i, j, None, margin, gid))
                 continue
-            tuples = [((i, j), v.rater, lab) for v, lab in votes]  # one decision at a time
             if policy.aggregation == "majority":
-                result = aggregation.majority_vote(tuples)[(i, j)]
+                result = self.majority(votes)
             elif policy.aggregation == "trust_weighted":
+                tuples = [((i, j), v.rater, lab) for v, lab in votes]  # one decision at a time
                 result = aggregation.weighted_vote(
                     tuples, self.weights, default_weight=UNTRUSTED_WEIGHT
                 )[(i, j)]
