@@ -190,6 +190,7 @@ class Claim:
     run: TrainingRun
     attempt: int
     resume_from: str | None
+    dropped_checkpoints: list[str] = field(default_factory=list)
 
 
 def _this_host() -> str:
@@ -217,18 +218,44 @@ def training_run_worker_gone(*, run: TrainingRun, now=None) -> bool:
     return False
 
 
-def last_checkpoint(output_dir: str | Path) -> tuple[str, int] | None:
-    """Return the newest ``checkpoint-N`` folder in ``output_dir`` and its step, or None."""
+def _checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     found = []
     with contextlib.suppress(OSError):
         for entry in Path(output_dir).iterdir():
             match = _CHECKPOINT_RE.match(entry.name)
             if match and entry.is_dir():
-                found.append((int(match.group(1)), str(entry)))
-    if not found:
-        return None
-    step, path = max(found)
-    return path, step
+                found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def checkpoint_complete(path: Path) -> bool:
+    """Return whether a checkpoint folder was written to the end.
+
+    transformers writes ``trainer_state.json`` last, straight into ``checkpoint-N``; the PPO
+    recipe keeps it in ``ppo_state/``. A worker killed mid-save leaves a folder without it.
+    """
+    for state in (path / "trainer_state.json", *path.glob("*/trainer_state.json")):
+        if read_json(state) is not None:
+            return True
+    return False
+
+
+def last_checkpoint(output_dir: str | Path) -> tuple[str, int] | None:
+    """Return the newest complete ``checkpoint-N`` folder in ``output_dir`` and its step."""
+    for step, path in reversed(_checkpoints(output_dir)):
+        if checkpoint_complete(path):
+            return str(path), step
+    return None
+
+
+def _drop_incomplete_checkpoints(output_dir: str | Path) -> list[str]:
+    """Delete half-written checkpoints so that ``--resume`` picks a complete one."""
+    dropped = []
+    for _step, path in _checkpoints(output_dir):
+        if not checkpoint_complete(path):
+            shutil.rmtree(path, ignore_errors=True)
+            dropped.append(path.name)
+    return dropped
 
 
 def _claim(run_id: int, task_id: str) -> Claim | None:
@@ -254,6 +281,7 @@ def _claim(run_id: int, task_id: str) -> Claim | None:
         if run.status == TrainingRun.Status.RUNNING:
             _kill_stale_child(run)
         now = timezone.now()
+        dropped = _drop_incomplete_checkpoints(run.output_dir) if run.output_dir else []
         checkpoint = last_checkpoint(run.output_dir) if run.output_dir else None
         run.attempts += 1
         if checkpoint is not None:
@@ -279,7 +307,12 @@ def _claim(run_id: int, task_id: str) -> Claim | None:
         if not run.output_dir:
             run.output_dir = str(training_output_root() / f"run-{run.pk}")
         run.save()
-    return Claim(run=run, attempt=run.attempts, resume_from=checkpoint[0] if checkpoint else None)
+    return Claim(
+        run=run,
+        attempt=run.attempts,
+        resume_from=checkpoint[0] if checkpoint else None,
+        dropped_checkpoints=dropped,
+    )
 
 
 # --------------------------------------------------------------------------- processes
@@ -539,6 +572,9 @@ def training_run_execute(
     with log:
         files.log_start = log.tell()
         header = f"=== attempt {claim.attempt} on {_this_host()}: {' '.join(command)}\n"
+        if claim.dropped_checkpoints:
+            dropped = ", ".join(claim.dropped_checkpoints)
+            header += f"=== deleted half-written checkpoints: {dropped}\n"
         if claim.resume_from:
             header += f"=== resuming from {claim.resume_from}\n"
         log.write(header.encode())

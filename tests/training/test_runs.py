@@ -409,6 +409,10 @@ def test_cancel_kills_the_running_process_group_and_resume_continues_from_checkp
     # when it is resumed (in-process) with a shorter horizon... the config is fixed, so
     # shorten the work by resuming a run whose checkpoint is already near its end
     TrainingRun.objects.filter(pk=run.pk).update(config={**run.config, "max_steps": step + 5})
+    # and a newer checkpoint was only half written when the process died
+    partial = Path(run.output_dir, f"checkpoint-{step + 1000}")
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"\0" * 10)
     out = StringIO()
     call_command("resume", str(run.pk), sync=True, stdout=out, stderr=StringIO())
 
@@ -428,4 +432,7 @@ def test_cancel_kills_the_running_process_group_and_resume_continues_from_checkp
     assert after and min(after) > step
     assert run.current_metrics["global_step"] == step + 5
     assert ModelVersion.objects.filter(training_run=run).count() == 1
-    assert f"resuming from {checkpoint}" in Path(run.output_dir, "train.log").read_text()
+    log = Path(run.output_dir, "train.log").read_text()
+    assert f"resuming from {checkpoint}" in log
+    assert f"deleted half-written checkpoints: {partial.name}" in log
+    assert not partial.exists()
