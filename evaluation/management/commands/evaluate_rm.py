@@ -1,0 +1,381 @@
+"""Score a reward model on an external preference file and print its metrics as JSON.
+
+    manage.py evaluate_rm --model-version 7 --file hh-test.jsonl.gz --format hh --save
+    manage.py evaluate_rm --path var/artifacts/run-3/final --file pairs.jsonl --limit 2000
+
+Rows are read like ``import_preferences`` reads them (HH-RLHF dialogues, or TRL
+``prompt/chosen/rejected``, plain or conversational; ``.gz`` allowed) and scored with
+``training.trainers.reward.RewardScorer``, which tokenises exactly as the reward recipe did in
+training (same eos, truncation and chat template). TRL rows are scored in their own shape;
+an HH dialogue is scored through the tokenizer's chat template when the model has one of its
+own (tiny GPT-2 RMs) and as the original plain dialogue otherwise (BERT-style encoders).
+
+Metrics (seed spec §5.4 / §9.1; ``evaluation.rm_metrics``): pairwise accuracy with a
+bootstrap CI, Bradley-Terry NLL, ROC-AUC with the A/B order randomised (a chosen-first file
+has only positive labels), ECE with its reliability bins, a temperature fitted on one half of
+the prompts and judged on the other, the margin histogram, the reward's correlation with
+answer length, and the reward scale (mean/std) the model puts out on this file.
+``--save`` stores the report in ``ModelVersion.eval_results["rm_metrics"]``, which the
+dashboard's reward-model page plots.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from evaluation import rm_metrics
+
+FORMATS = ("hh", "trl")
+RENDERS = ("auto", "chat", "plain")
+N_BINS = 10
+N_BOOT = 1000
+
+
+# ---- reading ----------------------------------------------------------------------------
+
+
+def parse_pair_line(raw: bytes, fmt: str) -> tuple[dict | None, str | None]:
+    """Return (pair, None) for a usable line, or (None, the problem).
+
+    A pair is ``{"prompt": str} | {"messages": [...]}`` plus ``chosen``/``rejected`` answer
+    texts and ``soft_label`` (P(chosen preferred), default 1; a row below 1/2 is turned round
+    as the training loader does).
+    """
+    from annotation.importers_pref import _parse_pair
+
+    try:
+        row = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, "not valid JSON"
+    if not isinstance(row, dict) or not {"chosen", "rejected"} <= set(row):
+        return None, "needs 'chosen' and 'rejected'"
+    record, problems = _parse_pair(row, fmt)
+    if record is None:
+        return None, problems[0] if problems else "unreadable pair"
+    soft = row.get("soft_label", 1.0)
+    if not isinstance(soft, int | float) or isinstance(soft, bool) or not 0 <= soft <= 1:
+        return None, "'soft_label' must be a number in [0, 1]"
+    chosen, rejected = (c["text"] for c in record["candidates"])
+    if soft < 0.5:
+        chosen, rejected, soft = rejected, chosen, 1.0 - soft
+    pair = {"chosen": chosen, "rejected": rejected, "soft_label": float(soft)}
+    if "messages" in record:
+        pair["messages"] = record["messages"]
+    else:
+        pair["prompt"] = record["prompt"]
+    return pair, None
+
+
+def read_pairs(path: Path, fmt: str) -> tuple[list[dict], dict[str, Any]]:
+    """Return the usable pairs of a JSONL file (gzip by suffix) and a summary of the rest."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    digest = hashlib.sha256()
+    pairs: list[dict] = []
+    skipped: dict[str, int] = {}
+    examples: list[str] = []
+    rows = 0
+    with opener(path, "rb") as stream:
+        for lineno, raw in enumerate(stream, 1):
+            digest.update(raw)
+            if not raw.strip():
+                continue
+            rows += 1
+            pair, problem = parse_pair_line(raw, fmt)
+            if pair is not None:
+                pairs.append(pair)
+                continue
+            skipped[problem] = skipped.get(problem, 0) + 1
+            if len(examples) < 5:
+                examples.append(f"line {lineno}: {problem}")
+    summary = {
+        "rows": rows,
+        "skipped": sum(skipped.values()),
+        "skipped_reasons": skipped,
+        "skipped_examples": examples,
+        "sha256": digest.hexdigest(),
+    }
+    return pairs, summary
+
+
+def prompt_key(pair: dict) -> str:
+    """Return a stable key of a pair's prompt (the unit of the validation/test split)."""
+    payload = pair.get("prompt") if "prompt" in pair else pair["messages"]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# ---- scoring ----------------------------------------------------------------------------
+
+
+def has_own_chat_template(tokenizer) -> bool:
+    """Return whether the tokenizer came with a chat template (not the plain HH fallback)."""
+    from training.trainers.tiny import PLAIN_CHAT_TEMPLATE
+
+    template = getattr(tokenizer, "chat_template", None)
+    return bool(template) and template != PLAIN_CHAT_TEMPLATE
+
+
+def scoring_inputs(pair: dict, fmt: str, chat: bool) -> tuple[Any, Any, Any]:
+    """Return (prompt, chosen completion, rejected completion) as the scorer takes them."""
+    from annotation.importers_pref import render_hh
+
+    if "prompt" in pair:
+        return pair["prompt"], pair["chosen"], pair["rejected"]
+    messages = pair["messages"]
+    if chat:
+        return (
+            messages,
+            [{"role": "assistant", "content": pair["chosen"]}],
+            [{"role": "assistant", "content": pair["rejected"]}],
+        )
+    # The plain dialogue, exactly as HH-RLHF writes it: "...\n\nAssistant: <answer>".
+    return render_hh(messages) + "\n\nAssistant:", " " + pair["chosen"], " " + pair["rejected"]
+
+
+def score_pairs(
+    model_dir: str, pairs: list[dict], *, fmt: str, render: str, batch_size: int
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """Return the chosen and rejected rewards of every pair and the rendering used."""
+    from training.trainers.reward import RewardScorer
+
+    scorer = RewardScorer(model_dir, batch_size=batch_size)
+    chat = has_own_chat_template(scorer.tokenizer) if render == "auto" else render == "chat"
+    prompts, chosen, rejected = [], [], []
+    for pair in pairs:
+        p, c, r = scoring_inputs(pair, fmt, chat)
+        prompts.append(p)
+        chosen.append(c)
+        rejected.append(r)
+    rewards = scorer.score(prompts + prompts, chosen + rejected)
+    n = len(pairs)
+    conversational = any("messages" in pair for pair in pairs)
+    used = ("chat template" if chat else "plain dialogue") if conversational else "as given"
+    return np.asarray(rewards[:n], dtype=float), np.asarray(rewards[n:], dtype=float), used
+
+
+# ---- metrics ----------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Return JSON-ready data: dataclasses as dicts, numpy as Python, NaN/inf as None."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def accuracy_interval(
+    chosen: np.ndarray, rejected: np.ndarray, *, seed: int, n_boot: int = N_BOOT
+) -> list[float]:
+    """Return the 95% percentile bootstrap interval of pairwise accuracy (pairs resampled)."""
+    wins = np.where(chosen > rejected, 1.0, np.where(chosen == rejected, 0.5, 0.0))
+    rng = np.random.default_rng(seed)
+    means = wins[rng.integers(0, wins.size, size=(n_boot, wins.size))].mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return [float(low), float(high)]
+
+
+def validation_split(pairs: list[dict], seed: int) -> np.ndarray:
+    """Return a mask of the validation half, drawn by prompt so no prompt sits on both sides."""
+    keys = sorted({prompt_key(p) for p in pairs})
+    random.Random(seed).shuffle(keys)
+    validation = set(keys[: len(keys) // 2])
+    return np.array([prompt_key(p) in validation for p in pairs], dtype=bool)
+
+
+def rm_report(
+    pairs: list[dict], chosen: np.ndarray, rejected: np.ndarray, *, seed: int, n_bins: int = N_BINS
+) -> dict[str, Any]:
+    """Return every metric of one scored file as JSON-ready data."""
+    soft = np.array([p["soft_label"] for p in pairs], dtype=float)
+    soft_labels = None if np.all(soft == 1.0) else soft
+    lengths_c = [len(p["chosen"]) for p in pairs]
+    lengths_r = [len(p["rejected"]) for p in pairs]
+    full = rm_metrics.evaluate_reward_model(
+        chosen,
+        rejected,
+        soft_labels=soft_labels,
+        chosen_lengths=lengths_c,
+        rejected_lengths=lengths_r,
+        n_bins=n_bins,
+        seed=seed,
+    )
+    margins = chosen - rejected
+    rewards = np.concatenate([chosen, rejected])
+    report: dict[str, Any] = {
+        "n_pairs": full["n_pairs"],
+        "accuracy": full["accuracy"],
+        "accuracy_ci95": accuracy_interval(chosen, rejected, seed=seed),
+        "nll": full["nll"],
+        "roc_auc": full["roc_auc"],
+        "roc_auc_order": f"A/B order randomised with seed {seed}",
+        "ece": full["ece"],
+        "n_bins": n_bins,
+        "reliability": full["reliability"],
+        "margin_histogram": full["margin_histogram"],
+        "margin": {
+            "mean": float(margins.mean()),
+            "median": float(np.median(margins)),
+            "p05": float(np.quantile(margins, 0.05)),
+            "p95": float(np.quantile(margins, 0.95)),
+        },
+        "length_correlation": full.get("length_correlation"),
+        "reward_scale": {"mean": float(rewards.mean()), "std": float(rewards.std())},
+    }
+    report["temperature"] = temperature_report(
+        pairs, chosen, rejected, soft, seed=seed, n_bins=n_bins
+    )
+    report = _plain(report)
+    for bins in (
+        report["reliability"],
+        report["temperature"].get("test_reliability") or [],
+        report["temperature"].get("test_reliability_at_temperature") or [],
+    ):
+        for row in bins:  # 0.30000000000000004 -> 0.3
+            row["lower"], row["upper"] = round(row["lower"], 10), round(row["upper"], 10)
+    return report
+
+
+def temperature_report(
+    pairs: list[dict],
+    chosen: np.ndarray,
+    rejected: np.ndarray,
+    soft: np.ndarray,
+    *,
+    seed: int,
+    n_bins: int,
+) -> dict[str, Any]:
+    """Fit T on the validation half of the prompts; return calibration before/after on the rest."""
+    validation = validation_split(pairs, seed)
+    test = ~validation
+    if validation.sum() < 2 or test.sum() < 2:
+        return {"value": None, "note": "too few prompts to split for temperature fitting"}
+    temperature = rm_metrics.fit_temperature(
+        chosen[validation], rejected[validation], soft[validation]
+    )
+    c, r, s = chosen[test], rejected[test], soft[test]
+    before = rm_metrics.pair_confidences(c, r, 1.0)
+    after = rm_metrics.pair_confidences(c, r, temperature)
+    return {
+        "value": temperature,
+        "fitted_on": "validation half (split by prompt)",
+        "validation_pairs": int(validation.sum()),
+        "test_pairs": int(test.sum()),
+        "test_nll": rm_metrics.bt_nll(c, r, s),
+        "test_nll_at_temperature": rm_metrics.bt_nll(c, r, s, temperature),
+        "test_ece": rm_metrics.expected_calibration_error(*before, n_bins),
+        "test_ece_at_temperature": rm_metrics.expected_calibration_error(*after, n_bins),
+        "test_reliability": rm_metrics.reliability_diagram(*before, n_bins),
+        "test_reliability_at_temperature": rm_metrics.reliability_diagram(*after, n_bins),
+    }
+
+
+class Command(BaseCommand):
+    help = (
+        "Score a reward model (--model-version ID or --path DIR) on a preference file "
+        "(--format hh or trl, .gz allowed) and print accuracy, NLL, ROC-AUC, ECE, temperature, "
+        "margins and length correlation as JSON; --save stores them on the model version."
+    )
+
+    def add_arguments(self, parser):
+        source = parser.add_mutually_exclusive_group(required=True)
+        source.add_argument("--model-version", type=int, help="Registered reward model id.")
+        source.add_argument("--path", help="Reward model folder (transformers format).")
+        parser.add_argument("--file", required=True, help="Preference JSONL (.gz allowed).")
+        parser.add_argument("--format", choices=FORMATS, default="trl")
+        parser.add_argument("--limit", type=int, default=None, help="Score a random N pairs.")
+        parser.add_argument("--seed", type=int, default=0, help="Sampling, A/B order, split.")
+        parser.add_argument(
+            "--render",
+            choices=RENDERS,
+            default="auto",
+            help="How dialogues become text: the model's own chat template when it has one "
+            "(auto), always the chat template, or the plain HH dialogue.",
+        )
+        parser.add_argument("--batch-size", type=int, default=16)
+        parser.add_argument(
+            "--save", action="store_true", help='Store in eval_results["rm_metrics"].'
+        )
+
+    def handle(self, *args, **options):
+        from training.models import ModelVersion
+
+        version = None
+        if options["model_version"] is not None:
+            version = ModelVersion.objects.filter(pk=options["model_version"]).first()
+            if version is None:
+                raise CommandError(f"no model version {options['model_version']}")
+            if version.kind != ModelVersion.Kind.REWARD:
+                raise CommandError(f"model version {version.pk} is a {version.kind} model")
+            model_dir = version.artifact_path
+        else:
+            model_dir = options["path"]
+            if options["save"]:
+                raise CommandError("--save needs --model-version (a folder has no registry row)")
+        if not Path(model_dir).is_dir():
+            raise CommandError(f"model folder not found: {model_dir}")
+        data = Path(options["file"])
+        if not data.is_file():
+            raise CommandError(f"no such file: {data}")
+        if options["limit"] is not None and options["limit"] < 2:
+            raise CommandError("--limit must be at least 2")
+
+        started = time.perf_counter()
+        pairs, summary = read_pairs(data, options["format"])
+        if options["limit"] is not None and len(pairs) > options["limit"]:
+            pairs = random.Random(options["seed"]).sample(pairs, options["limit"])
+        if len(pairs) < 2:
+            raise CommandError(
+                f"{len(pairs)} usable pair(s) in {data} "
+                f"(skipped: {summary['skipped_reasons'] or 'none'})"
+            )
+        chosen, rejected, rendering = score_pairs(
+            model_dir,
+            pairs,
+            fmt=options["format"],
+            render=options["render"],
+            batch_size=options["batch_size"],
+        )
+        report = {
+            "model": {
+                "id": version.pk if version else None,
+                "name": version.name if version else None,
+                "path": str(model_dir),
+            },
+            "data": {
+                "file": str(data),
+                "format": options["format"],
+                "limit": options["limit"],
+                "seed": options["seed"],
+                "rendering": rendering,
+                **summary,
+            },
+            **rm_report(pairs, chosen, rejected, seed=options["seed"]),
+            "evaluated_at": timezone.now().isoformat(),
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+        if options["save"]:
+            version.refresh_from_db(fields=["eval_results"])
+            version.eval_results = {**version.eval_results, "rm_metrics": report}
+            version.save(update_fields=["eval_results"])
+        self.stdout.write(json.dumps(report, indent=2))
