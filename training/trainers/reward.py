@@ -63,6 +63,10 @@ class Config(BaseRecipeConfig):
             "tokens and the last tokens (where answers differ); 'drop' discards the pair."
         },
     )
+    group_by_length: bool = field(
+        default=True,
+        metadata={"help": "Batch pairs of similar length together (less padding, faster)."},
+    )
     eos_token: str | None = field(
         default=None,
         metadata={
@@ -191,7 +195,11 @@ def tokenize_pairs(
             continue
         if len(chosen) < len(raw_chosen) or len(rejected) < len(raw_rejected):
             counts["truncated"] += 1
-        item = {"chosen_ids": chosen, "rejected_ids": rejected}
+        item = {
+            "chosen_ids": chosen,
+            "rejected_ids": rejected,
+            "length": max(len(chosen), len(rejected)),
+        }
         if use_margin:
             item["margin"] = float(row["margin"]) * margin_scale
         rows.append(item)
@@ -324,6 +332,9 @@ def train(
         config,
         **trainer_kwargs(config, output_dir, has_eval=eval_dataset is not None),
         max_length=None,  # pairs were length-handled above; TRL would silently drop them
+        # The collator reads only chosen_ids/rejected_ids/margin; "length" feeds the sampler.
+        remove_unused_columns=False,
+        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
         center_rewards_coefficient=config.center_rewards_coefficient,
         eos_token=tokenizer.eos_token,
         disable_dropout=True,
