@@ -48,6 +48,11 @@ def _check_can_manage(run: TrainingRun, user) -> None:
 
 
 class TrainingRunOutput(serializers.ModelSerializer):
+    # A plain string here, the enum on the detail: one component owns the status enum, so
+    # the schema names it instead of hashing a name for a collision.
+    status = serializers.CharField(
+        read_only=True, help_text="queued, running, succeeded, failed or cancelled"
+    )
     model_version_id = serializers.SerializerMethodField()
 
     class Meta:
@@ -78,6 +83,8 @@ class TrainingRunOutput(serializers.ModelSerializer):
 
 
 class TrainingRunDetailOutput(TrainingRunOutput):
+    status = serializers.ChoiceField(choices=TrainingRun.Status.choices, read_only=True)
+
     class Meta(TrainingRunOutput.Meta):
         fields = [
             *TrainingRunOutput.Meta.fields,
