@@ -110,6 +110,8 @@ class World:
     run: object = None
     model_version: object = None
     victim_assignment: object = None
+    victim: object = None
+    victim_item: object = None
 
 
 @pytest.fixture
@@ -152,6 +154,7 @@ def world(db, tmp_path) -> World:
         assignment_id=first.pk, user=victim, choice="A", rationale=VICTIM_RATIONALE
     )
     w.victim_assignment = services.assignment_next(project_id=w.project.pk, user=victim)
+    w.victim, w.victim_item = victim, first.item
 
     # The annotator's live item is the gold one: every annotator page shows a gold item.
     w.project.gold_rate = 1.0
@@ -225,6 +228,9 @@ KWARGS = {
     "name": lambda w, route, role: "manifest.json",
     "run_id": lambda w, route, role: w.run.pk,
     "version_id": lambda w, route, role: w.model_version.pk,
+    # An item of P another annotator labelled, and that annotator (QC and review pages).
+    "item_id": lambda w, route, role: w.victim_item.pk,
+    "user_id": lambda w, route, role: w.victim.pk,
     # Django admin
     "object_id": _admin_object_id,
     "app_label": lambda w, route, role: "annotation",
