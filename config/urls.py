@@ -14,6 +14,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/auth/token/", obtain_auth_token, name="api-token"),
     path("api/training/", include("training.urls")),
+    path("api/qc/", include("evaluation.urls")),
     path("api/", include("annotation.urls")),
+    path("dashboard/", include("evaluation.dashboard_urls")),
     path("", include("annotation.web_urls")),
 ]

@@ -1,0 +1,465 @@
+"""Write-side QC: assess and pause annotators, queue disputed items, adjudicate, store reports.
+
+The figures come from `evaluation.selectors` (which call the pure libraries); these
+functions store what was found and act on it. Labels are flagged, never deleted.
+
+Hook for the submit path (`annotation.services.judgment_submit`): call
+`qc_after_submit(project_id=..., annotator_id=..., judgment_count=...)` from
+``transaction.on_commit``; it queues the annotator's check on every N-th judgment only, so
+a submit stays cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from annotation import services as annotation_services
+from annotation.models import (
+    Adjudication,
+    Assignment,
+    Item,
+    Judgment,
+    LabelSource,
+    Membership,
+    Project,
+    Round,
+    TaskKind,
+)
+from annotation.selectors import user_can_manage, user_can_review
+from annotation.services import Forbidden, NotFound, ServiceError
+from evaluation import selectors
+from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
+from evaluation.quality import PAUSE, assess_annotator
+
+logger = logging.getLogger(__name__)
+
+# Check code -> the `assess_annotator` argument it judges; the code goes into qc_flag.
+CHECKS = (
+    ("gold_accuracy", "gold"),
+    ("stability", "stability"),
+    ("position_bias", "position"),
+    ("speed", "speed"),
+    ("consensus", "consensus"),
+)
+PAUSE_FLAG_PREFIX = "paused:"
+POLICY_FIELDS = tuple(
+    f.name
+    for f in QualityPolicy._meta.get_fields()
+    if f.concrete and f.name not in ("id", "project", "updated_at")
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the checks found about one annotator."""
+
+    status: str
+    failed_checks: list[str]
+    reasons: list[str]
+    notes: list[str]
+
+
+@dataclass
+class QCCheckResult:
+    """What one QC run did."""
+
+    assessments: list[AnnotatorAssessment] = field(default_factory=list)
+    paused: list[int] = field(default_factory=list)
+    items_marked: int = 0
+    agreement: AgreementReport | None = None
+
+
+# ---- policy --------------------------------------------------------------------------------
+
+
+def quality_policy_update(*, project: Project, **fields) -> QualityPolicy:
+    """Create or change a project's QC policy; unknown or invalid values raise ServiceError."""
+    unknown = set(fields) - set(POLICY_FIELDS)
+    if unknown:
+        raise ServiceError(f"Unknown policy fields: {', '.join(sorted(unknown))}.", code="policy")
+    sources = fields.get("review_sources")
+    if sources is not None and (
+        not isinstance(sources, list) or not all(s in LabelSource.values for s in sources)
+    ):
+        raise ServiceError(
+            f"review_sources must list label sources ({', '.join(LabelSource.values)}).",
+            code="policy",
+        )
+    with transaction.atomic():
+        policy, _ = QualityPolicy.objects.select_for_update().get_or_create(project=project)
+        for name, value in fields.items():
+            setattr(policy, name, value)
+        try:
+            # Checks field types and the model's CheckConstraints.
+            policy.full_clean(exclude=["project"])
+        except ValidationError as exc:
+            raise ServiceError(f"Invalid policy: {_messages(exc)}", code="policy") from None
+        policy.save()
+    return policy
+
+
+def _messages(error: ValidationError) -> str:
+    if hasattr(error, "message_dict"):
+        return "; ".join(f"{k}: {' '.join(v)}" for k, v in error.message_dict.items())
+    return " ".join(error.messages)
+
+
+# ---- annotator checks ----------------------------------------------------------------------
+
+
+def annotator_verdict(*, quality: selectors.AnnotatorQuality, policy: QualityPolicy) -> Verdict:
+    """Judge each check alone with `assess_annotator`, so every failure carries its code."""
+    thresholds = selectors.quality_thresholds(policy=policy)
+    failed, reasons, notes = [], [], []
+    for code, argument in CHECKS:
+        metric = getattr(quality, argument)
+        if metric is None:
+            continue
+        result = assess_annotator(thresholds=thresholds, **{argument: metric})
+        if result.status == PAUSE:
+            failed.append(code)
+            reasons.extend(result.reasons)
+        notes.extend(result.notes)
+    return Verdict(PAUSE if failed else "pass", failed, reasons, notes)
+
+
+def _pause_flag(failed_checks: Iterable[str]) -> str:
+    return (PAUSE_FLAG_PREFIX + ",".join(failed_checks))[:100]
+
+
+@transaction.atomic
+def annotator_pause(
+    *,
+    project: Project,
+    annotator_id: int,
+    failed_checks: list[str],
+    reasons: list[str],
+    since: datetime | None = None,
+) -> bool:
+    """Pause an active annotator, end their live lease and flag their labels; False if not active.
+
+    Labels made since ``since`` (their last resume) get ``qc_flag = "paused:<checks>"``;
+    nothing is deleted. Safe to call twice: the membership row is locked and a paused
+    annotator is left alone.
+    """
+    membership = (
+        Membership.objects.select_for_update().filter(project=project, user_id=annotator_id).first()
+    )
+    if membership is None or membership.status != Membership.Status.ACTIVE:
+        return False
+    annotation_services.membership_set_status(
+        membership=membership,
+        status=Membership.Status.PAUSED,
+        reason="Paused by quality control: " + "; ".join(reasons),
+        flagged=True,
+    )
+    now = timezone.now()
+    # End the live lease first, so a submit racing with the pause either lands before the
+    # flagging below (and is flagged) or finds its lease expired.
+    for assignment in Assignment.objects.filter(
+        project=project, annotator_id=annotator_id, status=Assignment.Status.LEASED
+    ):
+        annotation_services._assignment_expire(assignment, now)
+    labels = Judgment.objects.filter(project=project, annotator_id=annotator_id, qc_flag="")
+    if since is not None:
+        labels = labels.filter(created_at__gt=since)
+    labels.update(qc_flag=_pause_flag(failed_checks))
+    return True
+
+
+@transaction.atomic
+def annotator_resume(
+    *, project: Project, annotator_id: int, by, note: str = "", clear_labels: bool = True
+) -> AnnotatorAssessment:
+    """Resume a paused annotator and clear the flag; later checks start from this moment.
+
+    With ``clear_labels`` the labels QC flagged when pausing become usable again. The resume
+    is stored as an assessment with verdict ``resumed``.
+    """
+    membership = (
+        Membership.objects.select_for_update().filter(project=project, user_id=annotator_id).first()
+    )
+    if membership is None:
+        raise NotFound("No such annotator in this project.")
+    annotation_services.membership_set_status(
+        membership=membership, status=Membership.Status.ACTIVE, reason="", flagged=False
+    )
+    if clear_labels:
+        Judgment.objects.filter(
+            project=project, annotator_id=annotator_id, qc_flag__startswith=PAUSE_FLAG_PREFIX
+        ).update(qc_flag="")
+    return AnnotatorAssessment.objects.create(
+        project=project,
+        annotator_id=annotator_id,
+        verdict=AnnotatorAssessment.Verdict.RESUMED,
+        reasons=[note] if note else [],
+        n_judgments=Judgment.objects.filter(project=project, annotator_id=annotator_id).count(),
+        trigger=AnnotatorAssessment.Trigger.MANUAL,
+        created_by=by if getattr(by, "pk", None) else None,
+    )
+
+
+def annotators_assess(
+    *,
+    project: Project,
+    annotator_ids: list[int] | None = None,
+    pause: bool = True,
+    trigger: str = AnnotatorAssessment.Trigger.AUTO,
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> QCCheckResult:
+    """Assess active annotators (all, or the given ones), store the verdicts, pause failures.
+
+    With ``pause=False`` nothing changes but the stored assessments (a dry run). Annotators
+    who are paused already are not assessed again.
+    """
+    policy = selectors.quality_policy_get(project=project)
+    active = Membership.objects.filter(project=project, status=Membership.Status.ACTIVE)
+    if annotator_ids is not None:
+        active = active.filter(user_id__in=annotator_ids)
+    ids = list(active.values_list("user_id", flat=True))
+    result = QCCheckResult()
+    if not ids:
+        return result
+    qualities = selectors.annotator_quality(project=project, annotator_ids=ids, policy=policy)
+    ordered = sorted(qualities.values(), key=lambda q: q.annotator_id)
+    for quality in progress(ordered) if progress else ordered:
+        verdict = annotator_verdict(quality=quality, policy=policy)
+        applied = False
+        if verdict.status == PAUSE and pause:
+            applied = annotator_pause(
+                project=project,
+                annotator_id=quality.annotator_id,
+                failed_checks=verdict.failed_checks,
+                reasons=verdict.reasons,
+                since=quality.since,
+            )
+            if applied:
+                result.paused.append(quality.annotator_id)
+        result.assessments.append(
+            AnnotatorAssessment.objects.create(
+                project=project,
+                annotator_id=quality.annotator_id,
+                verdict=verdict.status,
+                applied=applied,
+                failed_checks=verdict.failed_checks,
+                reasons=verdict.reasons,
+                notes=verdict.notes,
+                metrics=quality.as_json(),
+                n_judgments=quality.n_judgments,
+                trigger=trigger,
+            )
+        )
+    return result
+
+
+# ---- disagreement queue and adjudication ---------------------------------------------------
+
+
+def disagreements_mark(*, project: Project, item_ids: list[int] | None = None) -> int:
+    """Set ``needs_review`` on items split beyond the policy threshold; return how many changed.
+
+    Only sets the mark: an adjudication clears it, and a later vote that settles the item does
+    not (a reviewer may still want to look).
+    """
+    disputed = selectors.disputed_item_ids(project=project, item_ids=item_ids)
+    if not disputed:
+        return 0
+    return Item.objects.filter(pk__in=list(disputed), needs_review=False).update(needs_review=True)
+
+
+def _item_for_reviewer(*, item_id: int, user) -> Item:
+    """Return an item the user may review: 404 outside their projects, 403 for annotators."""
+    item = Item.objects.select_related("project").filter(pk=item_id).first()
+    if item is None or not (
+        user.is_staff or Membership.objects.filter(project=item.project, user=user).exists()
+    ):
+        raise NotFound("No such item.")
+    if not user_can_review(project_id=item.project_id, user=user):
+        raise Forbidden("Only the project's reviewers may do this.")
+    return item
+
+
+def item_for_review(*, item_id: int, user) -> Item:
+    """Return an item for a reviewer of its project (NotFound / Forbidden otherwise)."""
+    return _item_for_reviewer(item_id=item_id, user=user)
+
+
+def _check_adjudication_label(
+    *, project: Project, choice: str | None, ranking: list[int] | None
+) -> tuple[str, list[int] | None]:
+    if project.task_kind == TaskKind.PAIRWISE:
+        if not choice or ranking is not None:
+            raise ServiceError("A pairwise item takes a `choice` and no `ranking`.", code="choice")
+        if choice not in selectors.PAIRWISE_LABELS:
+            raise ServiceError(
+                f"choice must be one of {', '.join(selectors.PAIRWISE_LABELS)}.", code="choice"
+            )
+        return choice, None
+    if choice or ranking is None:
+        raise ServiceError("A ranking item takes a `ranking` and no `choice`.", code="ranking")
+    k = project.k
+    if (
+        not isinstance(ranking, list)
+        or len(ranking) != k
+        or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranking)
+    ):
+        raise ServiceError(f"ranking must list a rank for each of the {k} answers.", code="ranking")
+    distinct = sorted(set(ranking))
+    if distinct != list(range(1, len(distinct) + 1)):
+        raise ServiceError(
+            "ranks must start at 1 with no gaps (ties share a rank).", code="ranking"
+        )
+    return "", ranking
+
+
+@transaction.atomic
+def adjudication_create(
+    *, item_id: int, reviewer, choice: str | None = None, ranking=None, note: str = ""
+) -> Adjudication:
+    """Store a reviewer's verdict beside the item's labels and take it off the review queue.
+
+    ``choice`` / ``ranking`` are canonical (A = the answer at position 0), as the review
+    payload lists the answers. The original labels are not touched.
+    """
+    item = _item_for_reviewer(item_id=item_id, user=reviewer)
+    if len(note) > 10_000:
+        raise ServiceError("note is longer than 10,000 characters.", code="note")
+    choice, ranking = _check_adjudication_label(
+        project=item.project, choice=choice, ranking=ranking
+    )
+    adjudication = Adjudication.objects.create(
+        item=item, reviewer=reviewer, choice=choice, ranking=ranking, note=note
+    )
+    Item.objects.filter(pk=item.pk).update(needs_review=False)
+    return adjudication
+
+
+def project_for_reviewer(*, project_id: int, user) -> Project:
+    """Return a project the user may review (NotFound outside it, Forbidden for annotators)."""
+    project = _project_for_member(project_id=project_id, user=user)
+    if not user_can_review(project_id=project.pk, user=user):
+        raise Forbidden("Only the project's reviewers and researchers may do this.")
+    return project
+
+
+def project_for_manager(*, project_id: int, user) -> Project:
+    """Return a project the user may manage (NotFound outside it, Forbidden for others)."""
+    project = _project_for_member(project_id=project_id, user=user)
+    if not user_can_manage(project_id=project.pk, user=user):
+        raise Forbidden("Only the project's researchers may do this.")
+    return project
+
+
+def _project_for_member(*, project_id: int, user) -> Project:
+    project = Project.objects.filter(pk=project_id).first()
+    if project is None or not (
+        user.is_staff or Membership.objects.filter(project=project, user=user).exists()
+    ):
+        raise NotFound("No such project.")
+    return project
+
+
+# ---- agreement reports ---------------------------------------------------------------------
+
+
+def agreement_report_store(
+    *, project: Project, round_: Round | None = None, n_boot: int = 1000, seed: int = 0
+) -> AgreementReport:
+    """Compute `selectors.project_agreement` and store it for the dashboard."""
+    report = selectors.project_agreement(project=project, round_=round_, n_boot=n_boot, seed=seed)
+    n_judgments = sum(block["n_judgments"] for block in report["by_source"].values())
+    return AgreementReport.objects.create(
+        project=project, round=round_, report=report, n_judgments=n_judgments
+    )
+
+
+# ---- whole checks --------------------------------------------------------------------------
+
+
+def qc_check_annotator(
+    *, project: Project, annotator_id: int, trigger: str = AnnotatorAssessment.Trigger.AUTO
+) -> QCCheckResult:
+    """Assess one annotator (pausing per policy) and queue their disputed items for review.
+
+    Reads only the annotator's labels and the other labels on the same items, so its cost
+    grows with the annotator's work, not the project's.
+    """
+    policy = selectors.quality_policy_get(project=project)
+    result = annotators_assess(
+        project=project, annotator_ids=[annotator_id], pause=policy.enabled, trigger=trigger
+    )
+    item_ids = list(
+        Judgment.objects.filter(project=project, annotator_id=annotator_id)
+        .values_list("item_id", flat=True)
+        .distinct()
+    )
+    result.items_marked = disagreements_mark(project=project, item_ids=item_ids)
+    return result
+
+
+def qc_check_project(
+    *,
+    project: Project,
+    pause: bool = True,
+    trigger: str = AnnotatorAssessment.Trigger.AUTO,
+    agreement: bool = True,
+    n_boot: int = 1000,
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> QCCheckResult:
+    """Assess every active annotator, mark disputed items, and store a fresh agreement report."""
+    result = annotators_assess(project=project, pause=pause, trigger=trigger, progress=progress)
+    result.items_marked = disagreements_mark(project=project)
+    if agreement:
+        result.agreement = agreement_report_store(project=project, n_boot=n_boot)
+    return result
+
+
+def qc_after_submit(
+    *, project_id: int, annotator_id: int, judgment_count: int | None = None
+) -> bool:
+    """Queue the annotator's QC check after every N-th judgment; return whether it was queued.
+
+    Call from `judgment_submit` once the judgment has committed (not on replays)::
+
+        transaction.on_commit(lambda: qc_after_submit(
+            project_id=project.pk, annotator_id=user.pk, judgment_count=None))
+
+    ``judgment_count`` is the annotator's count including this judgment; when None it is read
+    from their membership (one indexed query). Costs one or two small queries and, every N
+    judgments, one broker message. A broker error is logged, never raised: QC must not fail
+    a submit.
+    """
+    row = (
+        QualityPolicy.objects.filter(project_id=project_id)
+        .values_list("enabled", "check_every_n_judgments")
+        .first()
+    )
+    enabled, every = row or (
+        QualityPolicy._meta.get_field("enabled").default,
+        QualityPolicy._meta.get_field("check_every_n_judgments").default,
+    )
+    if not enabled:
+        return False
+    if judgment_count is None:
+        judgment_count = (
+            Membership.objects.filter(project_id=project_id, user_id=annotator_id)
+            .values_list("judgment_count", flat=True)
+            .first()
+        ) or 0
+    if judgment_count <= 0 or judgment_count % max(every, 1):
+        return False
+    from evaluation.tasks import qc_check_annotator_task
+
+    try:
+        qc_check_annotator_task.delay(project_id, annotator_id)
+    except Exception:  # the broker is down: the next N-th judgment tries again
+        logger.exception("Could not queue the QC check of annotator %s", annotator_id)
+        return False
+    return True
