@@ -530,3 +530,25 @@ def test_critic_cannot_warm_start_from_a_reward_model_with_another_tokenizer(
     assert ppo.load_models(config)["value_init"] == "policy"
     with pytest.raises(ConfigError):
         ppo.load_models(dataclasses.replace(config, value_init="reward"))
+
+
+def test_cli_runs_the_ppo_recipe_and_resumes(tiny_policy_dir, make_snapshot, tmp_path, capsys):
+    from training.trainers import cli
+
+    snapshot = make_snapshot(train=[{"prompt": p} for p in PROMPTS])
+    config_path = tmp_path / "ppo.json"
+    config = dataclasses.asdict(make_config(tiny_policy_dir, max_steps=1, save_steps=1))
+    config_path.write_text(json.dumps(config))
+    out = tmp_path / "out"
+    argv = ["--recipe", "ppo", "--config", str(config_path), "--data", str(snapshot)]
+
+    assert cli.main([*argv, "--out", str(out)]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["updates"] == 1
+    assert (out / "final" / "config.json").exists() and (out / "checkpoint-1").is_dir()
+
+    config_path.write_text(json.dumps({**config, "max_steps": 2}))
+    assert cli.main([*argv, "--out", str(out), "--resume"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["updates"] == 2
+
+    config_path.write_text(json.dumps({**config, "missing_eos": "drop"}))
+    assert cli.main([*argv, "--out", str(tmp_path / "bad")]) == cli.EXIT_BAD_INPUT
