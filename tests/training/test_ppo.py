@@ -288,6 +288,29 @@ def test_kl_controller_adapts_beta_from_the_rollout_kl(tiny_policy_dir, tiny_tok
         assert key in second
 
 
+def test_entropy_bonus_raises_the_policy_entropy(tiny_policy_dir, tiny_tokenizer):
+    # given advantages of zero, the entropy bonus is the only policy gradient
+    trainer = make_trainer(
+        tiny_policy_dir, tiny_tokenizer, entropy_coef=1.0, learning_rate=1e-2, num_ppo_epochs=3
+    )
+    rollout = trainer.make_rollout(PROMPTS[:8])
+    rollout.advantages.zero_()
+
+    trainer.optimize(rollout)
+
+    _, entropy = trainer.sequence_logprobs(
+        trainer.policy,
+        rollout.sequences,
+        rollout.attention_mask,
+        rollout.response_ids,
+        with_entropy=True,
+    )
+    action = rollout.masks.action_mask
+    assert float(core.masked_mean(entropy.detach(), action)) > float(
+        core.masked_mean(rollout.entropy, action)
+    )
+
+
 def test_update_moves_policy_and_critic_and_never_the_frozen_reference(
     tiny_policy_dir, tiny_tokenizer
 ):
@@ -527,7 +550,11 @@ def test_critic_cannot_warm_start_from_a_reward_model_with_another_tokenizer(
     other_tokenizer = train_tokenizer(demo.tokenizer_training_texts(), vocab_size=300)
     other_rm = build_tiny_reward_model(other_tokenizer, tmp_path / "rm", n_layer=1, n_embd=32)
     config = make_config(tiny_policy_dir, reward_function="", reward_model_path=str(other_rm))
-    assert ppo.load_models(config)["value_init"] == "policy"
+    models = ppo.load_models(config)
+    assert models["value_init"] == "policy"
+    # The reward model reads text re-encoded with its own tokenizer.
+    scores = models["reward"]([[{"role": "user", "content": PROMPTS[0]}]], ["7 + 5 = 12."])
+    assert torch.isfinite(scores).all()
     with pytest.raises(ConfigError):
         ppo.load_models(dataclasses.replace(config, value_init="reward"))
 
