@@ -1,0 +1,278 @@
+"""Researchers' evaluation dashboard: server-rendered pages, Chart.js charts, CSV per chart.
+
+Who may look: staff see every project; a project's researchers see that project. Other
+members of the project (annotators, reviewers) get 403, everyone else 404, anonymous users
+the login page. Charts get their data through ``json_script`` (a JSON data block, allowed by
+the CSP) and are drawn by ``static/dashboard/dashboard.js``; ``?format=csv&chart=<key>`` on
+any page returns the numbers of one of its charts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils.text import slugify
+from django.views.decorators.http import require_GET
+
+from annotation.models import Membership, Project, Round
+from annotation.selectors import user_can_manage
+from evaluation import dashboard_selectors as ds
+from training.models import ModelVersion, TrainingRun
+from training.selectors import training_run_get
+
+TABS = (
+    ("labels", "Labels", "dashboard:project"),
+    ("models", "Models", "dashboard:models"),
+    ("reward", "Reward models", "dashboard:reward-models"),
+    ("training", "Training", "dashboard:training"),
+)
+
+Builders = dict[str, Callable[[], "ds.Panel | None"]]
+
+
+def _project_for(request: HttpRequest, project_id: int) -> Project:
+    """Return the project if the user may read its dashboard; 403 for other members, else 404."""
+    project = get_object_or_404(Project, pk=project_id)
+    if user_can_manage(project_id=project.pk, user=request.user):
+        return project
+    if Membership.objects.filter(project=project, user=request.user).exists():
+        raise PermissionDenied("Only the project's researchers and staff see its dashboard.")
+    raise Http404("No such project.")
+
+
+def _int_param(request: HttpRequest, name: str) -> int | None:
+    try:
+        return int(request.GET.get(name, ""))
+    except ValueError:
+        return None
+
+
+def _csv_response(panel: ds.Panel, filename: str) -> HttpResponse:
+    response = HttpResponse(panel.as_csv(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}.csv"'
+    return response
+
+
+def _page(
+    request: HttpRequest,
+    *,
+    builders: Builders,
+    context: dict,
+    csv_prefix: str,
+    template: str = "dashboard/panels.html",
+) -> HttpResponse:
+    """Render the panels, or one panel's CSV when ``?format=csv&chart=<key>``."""
+    if request.GET.get("format") == "csv":
+        builder = builders.get(request.GET.get("chart", ""))
+        panel = builder() if builder else None
+        if panel is None or panel.status == "unavailable":
+            raise Http404("No such chart on this page.")
+        return _csv_response(panel, f"{csv_prefix}-{panel.key}")
+    panels = [panel for panel in (build() for build in builders.values()) if panel is not None]
+    charts = {p.key: p.chart for p in panels if p.chart and p.has_data}
+    query = request.GET.copy()
+    query.pop("format", None)
+    query.pop("chart", None)
+    for panel in panels:
+        panel_query = query.copy()
+        panel_query["format"] = "csv"
+        panel_query["chart"] = panel.key
+        panel.csv_url = f"?{panel_query.urlencode()}"
+    return render(request, template, {**context, "panels": panels, "charts": charts})
+
+
+def _tabs(project: Project, active: str) -> list[dict]:
+    from django.urls import reverse
+
+    return [
+        {
+            "key": key,
+            "label": label,
+            "url": reverse(name, args=[project.pk]),
+            "active": key == active,
+        }
+        for key, label, name in TABS
+    ]
+
+
+@require_GET
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """List the projects whose dashboard the user may read."""
+    projects = ds.dashboard_projects(user=request.user)
+    if not projects and not request.user.is_staff:
+        raise PermissionDenied("The dashboard is for researchers and staff.")
+    builders: Builders = {"projects": lambda: ds.project_overview_panel(projects=projects)}
+    return _page(
+        request,
+        builders=builders,
+        context={"projects": projects},
+        csv_prefix="projects",
+        template="dashboard/home.html",
+    )
+
+
+@require_GET
+@login_required
+def project_labels(request: HttpRequest, project_id: int) -> HttpResponse:
+    """Label quality: round progress, label mix, position bias, agreement, annotators."""
+    project = _project_for(request, project_id)
+    rounds = list(Round.objects.filter(project=project).order_by("number"))
+    number = _int_param(request, "round")
+    selected = next((r for r in rounds if r.number == number), None)
+    data = ds.ProjectData(project, round_=selected)
+    builders: Builders = {
+        "progress": lambda: ds.round_progress_panel(data),
+        "labels": lambda: ds.label_distribution_panel(data),
+        "position-bias": lambda: ds.position_bias_panel(data),
+        "agreement": lambda: ds.agreement_panel(data),
+        "consensus": lambda: ds.annotator_agreement_panel(data),
+        "annotators": lambda: ds.annotator_quality_panel(data),
+        "disagreements": lambda: ds.disagreement_panel(data),
+    }
+    return _page(
+        request,
+        builders=builders,
+        context={
+            "project": project,
+            "tabs": _tabs(project, "labels"),
+            "heading": "Label quality",
+            "rounds": rounds,
+            "selected_round": selected,
+            "data": data,
+        },
+        csv_prefix=f"{slugify(project.name)}-labels",
+    )
+
+
+@require_GET
+@login_required
+def project_models(request: HttpRequest, project_id: int) -> HttpResponse:
+    """Model comparison: leaderboard, battles, win rates, true reward, samples."""
+    project = _project_for(request, project_id)
+    data = ds.ProjectData(project)
+    builders: Builders = {
+        "leaderboard": lambda: ds.leaderboard_panel(data),
+        "winrates": lambda: ds.win_rate_panel(data),
+        "true-reward": lambda: ds.true_reward_panel(data),
+        "battles": lambda: ds.battle_counts_panel(data),
+        "samples": lambda: ds.samples_panel(data),
+    }
+    return _page(
+        request,
+        builders=builders,
+        context={
+            "project": project,
+            "tabs": _tabs(project, "models"),
+            "heading": "Models",
+            "data": data,
+        },
+        csv_prefix=f"{slugify(project.name)}-models",
+    )
+
+
+@require_GET
+@login_required
+def project_reward_models(request: HttpRequest, project_id: int) -> HttpResponse:
+    """Reward models: stored metrics of each, calibration and margins of the selected one."""
+    project = _project_for(request, project_id)
+    data = ds.ProjectData(project)
+    versions = ds.reward_models(data)
+    wanted = _int_param(request, "rm")
+    selected = next((v for v in versions if v.pk == wanted), None)
+    if selected is None:
+        evaluated = [v for v in versions if (v.eval_results or {}).get("rm_metrics")]
+        selected = (evaluated or versions or [None])[-1]
+    builders: Builders = {"reward-models": lambda: ds.reward_model_table_panel(versions)}
+    if selected is not None:
+        builders["calibration"] = lambda: ds.calibration_panel(selected)
+        builders["margins"] = lambda: ds.margin_panel(selected)
+    builders["agreement"] = cache(lambda: _agreement_context(data))
+    return _page(
+        request,
+        builders=builders,
+        context={
+            "project": project,
+            "tabs": _tabs(project, "reward"),
+            "heading": "Reward models",
+            "reward_models": versions,
+            "selected_rm": selected,
+        },
+        csv_prefix=f"{slugify(project.name)}-reward-models",
+    )
+
+
+def _agreement_context(data: ds.ProjectData) -> ds.Panel:
+    panel = ds.agreement_panel(data)
+    panel.title = "Human-human agreement (context for RM accuracy)"
+    panel.note = (
+        "Annotators disagree too; RM accuracy is read against this, not against 100% "
+        "(seed spec §9.1)."
+    )
+    return panel
+
+
+@require_GET
+@login_required
+def project_training(request: HttpRequest, project_id: int) -> HttpResponse:
+    """Training runs of the project and the curves of the selected one."""
+    project = _project_for(request, project_id)
+    data = ds.ProjectData(project)
+    runs = ds.project_runs(data)
+    wanted = _int_param(request, "run")
+    selected = next((r for r in runs if r.pk == wanted), None)
+    if selected is None:
+        selected = next((r for r in runs if ds.read_metrics(r)), runs[0] if runs else None)
+    return _page(
+        request,
+        builders=_run_builders(selected, runs),
+        context={
+            "project": project,
+            "tabs": _tabs(project, "training"),
+            "heading": "Training",
+            "runs": runs,
+            "selected_run": selected,
+        },
+        csv_prefix=f"{slugify(project.name)}-training",
+    )
+
+
+def _run_builders(run: TrainingRun | None, runs: list[TrainingRun]) -> Builders:
+    builders: Builders = {"runs": lambda: ds.runs_panel(runs)}
+    if run is not None:
+        both = cache(lambda: ds.curves_panel(run))
+        builders["curves"] = lambda: both()[0]
+        builders["alarms"] = lambda: both()[1]
+    return builders
+
+
+@require_GET
+@login_required
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Curves and alarms of one training run (with or without a project)."""
+    run = training_run_get(user=request.user, run_id=run_id)
+    if run is None:
+        if TrainingRun.objects.filter(pk=run_id, project__memberships__user=request.user).exists():
+            raise PermissionDenied("Only the project's researchers and staff see its runs.")
+        raise Http404("No such run.")
+    try:
+        version = run.model_version
+    except ModelVersion.DoesNotExist:
+        version = None
+    return _page(
+        request,
+        builders=_run_builders(run, [run]),
+        context={
+            "project": run.project,
+            "tabs": _tabs(run.project, "training") if run.project else [],
+            "heading": f"Training run {run.pk}",
+            "run": run,
+            "run_version": version,
+        },
+        csv_prefix=f"run-{run.pk}",
+    )
