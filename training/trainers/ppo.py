@@ -823,7 +823,6 @@ class PPOTrainer:
             policy.gradient_checkpointing_enable()
         policy.train()
         value_model.train()
-        self.uses_adapter_reference = reference is None
         if reference is None and not _is_peft(policy):
             raise ConfigError("a reference model is required unless the policy is a LoRA model")
         self.reference = freeze(reference).to(self.device) if reference is not None else None
