@@ -48,12 +48,18 @@ STAFF = frozenset({"staff"})
 
 @dataclass(frozen=True)
 class Rule:
-    """The roles that may GET / POST a URL (None: the method is not served)."""
+    """The roles that may use each method of a URL (None: the method is not served).
+
+    GET and POST are tried on every URL; PUT, PATCH and DELETE on views that define them.
+    """
 
     get: frozenset | None = None
     post: frozenset | None = None
-    # Body of the POST, from the world (default: empty JSON for /api/, empty form otherwise).
-    post_data: Callable | None = None
+    put: frozenset | None = None
+    patch: frozenset | None = None
+    delete: frozenset | None = None
+    # Body of POST/PUT/PATCH, from the world (default: empty JSON for /api/, else empty form).
+    data: Callable | None = None
     # Query string for GET.
     query: str = ""
     # Statuses an allowed role may also get (e.g. a 404 the view answers for every object).
@@ -62,7 +68,7 @@ class Rule:
 
 ACCESS: dict[str, Rule] = {
     # --- logging in and out, API docs (public) ---
-    "login": Rule(get=PUBLIC, post=PUBLIC),
+    "login": Rule(get=PUBLIC, post=PUBLIC, put=PUBLIC),  # Django's form views take PUT too
     "logout": Rule(post=PUBLIC),
     "api-token": Rule(post=PUBLIC),
     "api-schema": Rule(get=PUBLIC),
@@ -71,7 +77,7 @@ ACCESS: dict[str, Rule] = {
     "annotate-home": Rule(get=LOGGED_IN),
     "annotate-task": Rule(get=MEMBER_ONLY),
     "annotate-next": Rule(post=MEMBER_ONLY),
-    "annotate-skip": Rule(post=MEMBER_ONLY, post_data=lambda w: {"reason": "unreadable"}),
+    "annotate-skip": Rule(post=MEMBER_ONLY, data=lambda w: {"reason": "unreadable"}),
     # --- annotation API ---
     "api-projects": Rule(get=LOGGED_IN, post=STAFF),
     "api-project": Rule(get=MEMBER),
@@ -83,7 +89,7 @@ ACCESS: dict[str, Rule] = {
     "api-next": Rule(post=MEMBER_ONLY),
     "api-progress": Rule(get=MEMBER),
     "api-submit": Rule(post=MEMBER_ONLY),
-    "api-skip": Rule(post=MEMBER_ONLY, post_data=lambda w: {"reason": "unreadable"}),
+    "api-skip": Rule(post=MEMBER_ONLY, data=lambda w: {"reason": "unreadable"}),
     "api-heartbeat": Rule(post=MEMBER_ONLY),
     # --- datasets (exports) ---
     "api-datasets": Rule(get=RESEARCHER, post=RESEARCHER),
@@ -93,7 +99,7 @@ ACCESS: dict[str, Rule] = {
     "api-training-runs": Rule(
         get=ANY_RESEARCHER,
         post=RESEARCHER,
-        post_data=lambda w: {
+        data=lambda w: {
             "recipe": "reward",
             "config": {},
             "dataset_version_id": w.dataset.pk,
@@ -104,8 +110,27 @@ ACCESS: dict[str, Rule] = {
     "api-training-run-resume": Rule(post=RESEARCHER),
     "api-model-versions": Rule(get=ANY_RESEARCHER),
     "api-model-version": Rule(get=RESEARCHER),
+    # --- QC: figures and other people's labels for reviewers, controls for researchers ---
+    "api-qc-agreement": Rule(get=REVIEWER),
+    "api-qc-labels": Rule(get=REVIEWER),
+    "api-qc-disagreements": Rule(get=REVIEWER),
+    "api-qc-item": Rule(get=REVIEWER),
+    "api-qc-adjudicate": Rule(post=REVIEWER, data=lambda w: {"choice": "A", "note": "A wins"}),
+    "api-qc-annotators": Rule(get=RESEARCHER),
+    "api-qc-assessments": Rule(get=RESEARCHER),
+    "api-qc-resume": Rule(post=RESEARCHER),
+    "api-qc-policy": Rule(get=RESEARCHER, patch=RESEARCHER),
+    "api-qc-check": Rule(post=RESEARCHER),
+    # --- researchers' dashboard (pages) ---
+    "dashboard:home": Rule(get=ANY_RESEARCHER),
+    "dashboard:project": Rule(get=RESEARCHER),
+    "dashboard:models": Rule(get=RESEARCHER),
+    "dashboard:reward-models": Rule(get=RESEARCHER),
+    "dashboard:training": Rule(get=RESEARCHER),
+    "dashboard:run": Rule(get=RESEARCHER),
     # --- Django admin: staff only, except its login page ---
-    "admin:*": Rule(get=STAFF, post=STAFF),
+    # Staff may still get 403 where a model admin is read-only (no add/change permission).
+    "admin:*": Rule(get=STAFF, post=STAFF, also_ok=frozenset({403})),
     "admin:login": Rule(get=PUBLIC, post=PUBLIC),
     # Logging out shows nothing; the admin sends non-staff callers to its index.
     "admin:logout": Rule(get=PUBLIC, post=PUBLIC),
