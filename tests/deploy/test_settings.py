@@ -302,3 +302,34 @@ def test_api_docs_have_no_inline_script_for_csp_to_block(server):
     assets = _Assets()
     assets.feed(body.decode())
     assert assets.inline_scripts == 0
+
+
+def _health_commands() -> dict[str, list[str]]:
+    """Return the web health checks of the Dockerfile and of docker-compose.yml."""
+    import yaml
+
+    dockerfile = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    line = next(x for x in dockerfile.splitlines() if x.startswith("HEALTHCHECK"))
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return {
+        "Dockerfile": json.loads(line.split(" CMD ", 1)[1]),
+        "docker-compose.yml": compose["services"]["web"]["healthcheck"]["test"][1:],
+    }
+
+
+@pytest.mark.parametrize("source", ["Dockerfile", "docker-compose.yml"])
+def test_web_health_check_passes_against_a_running_server(server, source):
+    command = [part.replace(":8000/", f":{server}/") for part in _health_commands()[source]]
+    assert command[0] == "python"
+    command[0] = sys.executable  # the image's python is the venv's
+    env = {**os.environ, "DJANGO_ALLOWED_HOSTS": f"{HOST},www.{HOST}"}
+    result = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    # ... and fails when nothing answers there.
+    dead = [part.replace(f":{server}/", f":{_free_port()}/") for part in command]
+    result = subprocess.run(
+        dead, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
