@@ -70,7 +70,7 @@ EXPOSE 8000
 
 # Ask the app itself (admin login page) over loopback, with a host it accepts and the
 # header the TLS proxy would set, so SECURE_SSL_REDIRECT does not answer instead.
-HEALTHCHECK --interval=30s --timeout=5s --start-period=40s --retries=3 \
-  CMD ["python", "-c", "import os, urllib.request as u; h = os.environ.get('DJANGO_ALLOWED_HOSTS', '').split(',')[0].strip().lstrip('.*') or 'localhost'; u.urlopen(u.Request('http://127.0.0.1:8000/admin/login/', headers={'Host': h, 'X-Forwarded-Proto': 'https'}), timeout=4)"]
+HEALTHCHECK --interval=30s --timeout=10s --start-period=40s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request as u; h = os.environ.get('DJANGO_ALLOWED_HOSTS', '').split(',')[0].strip().lstrip('.*') or 'localhost'; u.urlopen(u.Request('http://127.0.0.1:8000/admin/login/', headers={'Host': h, 'X-Forwarded-Proto': 'https'}), timeout=8)"]
 
 CMD ["gunicorn", "--config", "config/gunicorn.conf.py"]
