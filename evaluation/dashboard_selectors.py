@@ -393,16 +393,17 @@ class ProjectData:
 
     @cached_property
     def model_order(self) -> dict[str, int]:
-        """Return model -> rank of first appearance (the first candidate generated), oldest 0."""
-        first: dict[str, int] = {}
+        """Return model -> age rank, oldest 0: registration time, else its first answer's."""
+        born: dict[str, Any] = {}
         rows = (
             ItemCandidate.objects.filter(item__project=self.project)
             .values(
                 "candidate__model_name",
                 "candidate__checkpoint_id",
                 "candidate__policy_version__name",
+                "candidate__policy_version__created_at",
             )
-            .annotate(first=Min("candidate_id"))
+            .annotate(first=Min("candidate__created_at"))
         )
         for row in rows:
             key = model_key(
@@ -410,8 +411,9 @@ class ProjectData:
                 row["candidate__checkpoint_id"],
                 row["candidate__policy_version__name"],
             )
-            first[key] = min(first.get(key, row["first"]), row["first"])
-        return {key: rank for rank, key in enumerate(sorted(first, key=first.__getitem__))}
+            when = row["candidate__policy_version__created_at"] or row["first"]
+            born[key] = min(born.get(key, when), when)
+        return {key: rank for rank, key in enumerate(sorted(born, key=lambda k: (born[k], k)))}
 
     @cached_property
     def versions(self) -> list[ModelVersion]:
@@ -1359,7 +1361,7 @@ def win_rate_panel(data: ProjectData) -> Panel:
         note="Ties count half; both-bad votes are reported apart and left out of the rate. "
         f"CIs resample prompts ({WINRATE_BOOT} draws), not votes. The length-controlled rate "
         "is the win rate predicted at equal answer length (AlpacaEval 2.0 style). "
-        f"Newer = first generated later. {BATTLE_NOTE}",
+        f"Newer = registered later (or, without a version, first generated later). {BATTLE_NOTE}",
     )
 
 
@@ -1744,6 +1746,12 @@ def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
         message = "No metrics logged yet." if run.output_dir else "The run has no output folder."
         return empty("curves", title, message), empty("alarms", "Alarms", "No metrics to check.")
     series = curves.curve_series(records)
+    for name in CURVE_KEYS:  # the library smooths its alarm metrics; the rest alike here
+        points = sorted((r["step"], r[name]) for r in records if name in r)
+        if name not in series and points:
+            raw = np.array([p[1] for p in points], dtype=float)
+            steps = np.array([p[0] for p in points], dtype=float)
+            series[name] = curves.Series(steps, raw, curves.smooth(raw))
     rows = []
     charts = []
     for name in CURVE_KEYS:
