@@ -58,6 +58,8 @@ stays flat in the number of judgments (except for Dawid-Skene, see above).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -1081,12 +1083,25 @@ def dataset_version_build(
         _remove_tree(work)  # transient: the task retries; the version stays `building`
         raise
     except Exception as exc:
-        _remove_tree(work)
-        dataset_version_fail(
-            dataset_version_id=dataset_version_id,
-            error=exc.message if isinstance(exc, ServiceError) else traceback.format_exc(),
-        )
+        with contextlib.suppress(OSError):  # a full or read-only disk must not hide the cause
+            _remove_tree(work)
+        if isinstance(exc, ServiceError):
+            error = exc.message
+        elif isinstance(exc, OSError):
+            error = f"{_disk_problem(exc, project_dir)}\n{traceback.format_exc()}"
+        else:
+            error = traceback.format_exc()
+        dataset_version_fail(dataset_version_id=dataset_version_id, error=error)
         raise
+
+
+def _disk_problem(exc: OSError, folder: Path) -> str:
+    """Return a one-line reason why a snapshot could not be written under ``folder``."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"Disk full: cannot write the snapshot under {folder}."
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST):
+        return f"The artefact folder {folder} is not writable: {exc.strerror or exc}."
+    return f"Cannot write the snapshot under {folder}: {exc.strerror or exc}."
 
 
 def dataset_version_fail(*, dataset_version_id: int, error: str) -> None:
