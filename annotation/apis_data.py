@@ -16,7 +16,8 @@ import gzip
 
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
@@ -53,6 +54,7 @@ class DatasetVersionOutput(serializers.ModelSerializer):
 class PreferenceImportApi(APIView):
     parser_classes = [MultiPartParser]
 
+    @extend_schema_serializer(component_name="PreferenceImportInput")
     class InputSerializer(serializers.Serializer):
         file = serializers.FileField()
         format = serializers.ChoiceField(choices=FORMATS)
@@ -61,7 +63,9 @@ class PreferenceImportApi(APIView):
         serve = serializers.BooleanField(required=False, default=False)
         near_duplicates = serializers.BooleanField(required=False, default=False)
 
-    @extend_schema(request={"multipart/form-data": InputSerializer})
+    @extend_schema(
+        request={"multipart/form-data": InputSerializer}, responses={201: OpenApiTypes.OBJECT}
+    )
     def post(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
         serializer = self.InputSerializer(data=request.data)
