@@ -107,11 +107,14 @@ def home(request: HttpRequest) -> HttpResponse:
     projects = ds.dashboard_projects(user=request.user)
     if not projects and not request.user.is_staff:
         raise PermissionDenied("The dashboard is for researchers and staff.")
-    builders: Builders = {"projects": lambda: ds.project_overview_panel(projects=projects)}
+    overview = cache(lambda: ds.project_overview_panel(projects=projects))
+    keys = [column.replace(" ", "_") for column in overview().columns]
+    rows = {row[0]: row for row in overview().rows}
+    cards = [{"project": p, "stats": dict(zip(keys, rows[p.pk], strict=True))} for p in projects]
     return _page(
         request,
-        builders=builders,
-        context={"projects": projects},
+        builders={"projects": overview},
+        context={"cards": cards},
         csv_prefix="projects",
         template="dashboard/home.html",
     )
@@ -210,6 +213,7 @@ def project_reward_models(request: HttpRequest, project_id: int) -> HttpResponse
 def _agreement_context(data: ds.ProjectData) -> ds.Panel:
     panel = ds.agreement_panel(data)
     panel.title = "Human-human agreement (context for RM accuracy)"
+    panel.extra = {}
     panel.note = (
         "Annotators disagree too; RM accuracy is read against this, not against 100% "
         "(seed spec §9.1)."
@@ -246,8 +250,8 @@ def _run_builders(run: TrainingRun | None, runs: list[TrainingRun]) -> Builders:
     builders: Builders = {"runs": lambda: ds.runs_panel(runs)}
     if run is not None:
         both = cache(lambda: ds.curves_panel(run))
-        builders["curves"] = lambda: both()[0]
         builders["alarms"] = lambda: both()[1]
+        builders["curves"] = lambda: both()[0]
     return builders
 
 

@@ -64,6 +64,8 @@ AGREEMENT_BOOT = 300
 LEADERBOARD_BOOT = 200
 WINRATE_BOOT = 1_000
 LC_BOOT = 200
+# Below this many decisive votes the length fit is mostly noise (often separable): not shown.
+LC_MIN_VOTES = 30
 
 OUTCOMES = (Choice.A, Choice.B, Choice.TIE, Choice.BOTH_BAD)
 OUTCOME_LABELS = {"A": "A better", "B": "B better", "tie": "Tie", "both_bad": "Both bad"}
@@ -76,6 +78,14 @@ CURVE_KEYS: dict[str, tuple[str, ...]] = {
     "response_length": ("response/length_mean", "completions/mean_length", "response_length"),
     "loss": ("loss", "ppo/policy_loss", "loss/policy_avg"),
     "value_loss": ("value_loss", "ppo/value_loss", "loss/value_avg"),
+}
+# The curve each alarm kind is about (its label is drawn there; other curves get the line).
+ALARM_METRICS = {
+    "kl_limit": "kl",
+    "kl_superlinear": "kl",
+    "length_explosion": "response_length",
+    "entropy_collapse": "entropy",
+    "value_loss_spike": "value_loss",
 }
 CURVE_TITLES = {
     "reward": "Reward",
@@ -1279,7 +1289,7 @@ def win_rate_panel(data: ProjectData) -> Panel:
         prompts, outcomes, diffs = _pair_outcomes(battles, newer, older)
         result = winrate.win_rate(outcomes, prompts, n_boot=WINRATE_BOOT, seed=0)
         lc = None
-        if result.wins + result.ties + result.losses >= 2 and any(diffs):
+        if result.wins + result.ties + result.losses >= LC_MIN_VOTES and any(diffs):
             lc = winrate.length_controlled_win_rate(outcomes, diffs, prompts, n_boot=LC_BOOT)
         relation = (
             "vs parent"
@@ -1360,7 +1370,8 @@ def win_rate_panel(data: ProjectData) -> Panel:
         wide=True,
         note="Ties count half; both-bad votes are reported apart and left out of the rate. "
         f"CIs resample prompts ({WINRATE_BOOT} draws), not votes. The length-controlled rate "
-        "is the win rate predicted at equal answer length (AlpacaEval 2.0 style). "
+        "is the win rate predicted at equal answer length (AlpacaEval 2.0 style), shown from "
+        f"{LC_MIN_VOTES} decisive votes. "
         f"Newer = registered later (or, without a version, first generated later). {BATTLE_NOTE}",
     )
 
@@ -1439,8 +1450,25 @@ def samples_panel(data: ProjectData) -> Panel:
         key = model_key(name, checkpoint, version)
         models_per_prompt[prompt_id].add(key)
         latest[(prompt_id, key)] = max(latest.get((prompt_id, key), 0), candidate_id)
-    chosen = sorted(models_per_prompt, key=lambda p: (-len(models_per_prompt[p]), p))
-    chosen = [p for p in chosen if len(models_per_prompt[p]) >= 2][:MAX_SAMPLE_PROMPTS]
+    newest = {p: max(latest[(p, m)] for m in models) for p, models in models_per_prompt.items()}
+    ranked = sorted(
+        (p for p, models in models_per_prompt.items() if len(models) >= 2),
+        key=lambda p: (-len(models_per_prompt[p]), -newest[p]),
+    )
+    # Newest prompts first, but each pick should bring a model not shown yet, while any is.
+    chosen: list[int] = []
+    covered: set[str] = set()
+    for prompt_id in ranked:
+        if len(chosen) == MAX_SAMPLE_PROMPTS:
+            break
+        if models_per_prompt[prompt_id] - covered:
+            chosen.append(prompt_id)
+            covered |= models_per_prompt[prompt_id]
+    for prompt_id in ranked:
+        if len(chosen) == MAX_SAMPLE_PROMPTS:
+            break
+        if prompt_id not in chosen:
+            chosen.append(prompt_id)
     if chosen:
         from annotation.models import Candidate, Prompt
 
@@ -1468,8 +1496,9 @@ def samples_panel(data: ProjectData) -> Panel:
         title="Samples on the same prompts",
         columns=["source", "model", "prompt", "answer"],
         rows=rows,
-        note=f"Up to {MAX_SAMPLE_PROMPTS} prompts answered by the most models (latest answer "
-        "of each), then each policy's held-out evaluation example. Texts are cut at "
+        note="Each policy's held-out evaluation example, then up to "
+        f"{MAX_SAMPLE_PROMPTS} prompts from the latest rounds chosen to show every model "
+        "(latest answer of each). Texts are cut at "
         f"{MAX_SAMPLE_CHARS} characters.",
     )
 
@@ -1537,7 +1566,7 @@ def reward_model_table_panel(versions: list[ModelVersion]) -> Panel:
         ],
         rows=rows,
         wide=True,
-        note="From `manage.py evaluate_rm --model-version ID --file F --save`. ROC-AUC uses a "
+        note="From manage.py evaluate_rm --model-version ID --file F --save. ROC-AUC uses a "
         "random A/B order; T is fitted on half of the prompts and judged on the other half.",
     )
 
@@ -1586,7 +1615,7 @@ def calibration_panel(version: ModelVersion) -> Panel:
             for name, _ in series_sources
         ],
         "x_label": "model confidence max(p, 1 - p)",
-        "y_label": "share where the model's pick was the chosen answer",
+        "y_label": "accuracy of the model's pick",
     }
     ece = _num(metrics.get("ece"))
     note = (
@@ -1772,7 +1801,10 @@ def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
     chart = {
         "type": "curves",
         "charts": charts,
-        "alarms": [{"step": a.step, "kind": a.kind} for a in alarms],
+        "alarms": [
+            {"step": a.step, "kind": a.kind, "metric": ALARM_METRICS.get(a.kind, "")}
+            for a in alarms
+        ],
     }
     curves_panel_ = Panel(
         key="curves",

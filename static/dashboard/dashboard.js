@@ -101,6 +101,19 @@
     };
   }
 
+  // Round an axis range out to a "nice" step (1, 2 or 5 x 10^k) so the end ticks read well.
+  function niceRange(lo, hi) {
+    var span = hi - lo || Math.abs(hi) || 1;
+    var raw = span / 5;
+    var power = Math.pow(10, Math.floor(Math.log10(raw)));
+    var step = [1, 2, 5, 10].map(function (m) {
+      return m * power;
+    }).filter(function (s) {
+      return s >= raw;
+    })[0];
+    return [Math.floor(lo / step) * step, Math.ceil(hi / step) * step];
+  }
+
   function axisTitle(text) {
     return { display: !!text, text: text || "", color: MUTED };
   }
@@ -187,7 +200,8 @@
     },
   };
 
-  // Training curves: a dashed line per alarm, at its first step, labelled with its kind.
+  // Training curves: a dashed line per alarm at its first step on every curve; the label
+  // (the alarm's kind) only on the curve the alarm is about, where the line is stronger.
   var alarmLines = {
     id: "alarmLines",
     afterDatasetsDraw: function (chart, args, opts) {
@@ -196,24 +210,30 @@
       }
       var ctx = chart.ctx;
       var area = chart.chartArea;
+      var labelled = 0;
       ctx.save();
-      ctx.strokeStyle = C.red;
-      ctx.fillStyle = C.red;
-      ctx.lineWidth = 1.5;
-      ctx.font = "10px " + FONT;
-      opts.alarms.forEach(function (alarm, i) {
+      ctx.font = "11px " + FONT;
+      opts.alarms.forEach(function (alarm) {
         var x = chart.scales.x.getPixelForValue(alarm.step);
         if (x < area.left || x > area.right) {
           return;
         }
+        var own = alarm.metric === opts.metric;
+        ctx.strokeStyle = own ? C.red : alpha(C.red, 0.35);
+        ctx.lineWidth = own ? 1.5 : 1;
         ctx.setLineDash([5, 3]);
         ctx.beginPath();
         ctx.moveTo(x, area.top);
         ctx.lineTo(x, area.bottom);
         ctx.stroke();
-        ctx.setLineDash([]);
-        ctx.textAlign = x > area.right - 80 ? "right" : "left";
-        ctx.fillText(alarm.kind, x + (ctx.textAlign === "left" ? 3 : -3), area.top + 10 + 11 * i);
+        if (own) {
+          ctx.setLineDash([]);
+          ctx.fillStyle = C.red;
+          var left = x < area.right - 110;
+          ctx.textAlign = left ? "left" : "right";
+          ctx.fillText(alarm.kind + " @" + alarm.step, x + (left ? 4 : -4), area.top + 12 + 13 * labelled);
+          labelled += 1;
+        }
       });
       ctx.restore();
     },
@@ -231,12 +251,10 @@
       values.push(spec.reference);
     }
     values = values.filter(isNum);
-    var lo = Math.min.apply(null, values);
-    var hi = Math.max.apply(null, values);
-    var pad = (hi - lo) * 0.08 || Math.abs(hi) * 0.05 || 0.05;
-    var min = isNum(spec.x_min) ? spec.x_min : lo - pad;
-    var max = isNum(spec.x_max) ? spec.x_max : hi + pad;
-    if (spec.percent && !isNum(spec.x_min)) {
+    var range = niceRange(Math.min.apply(null, values), Math.max.apply(null, values));
+    var min = isNum(spec.x_min) ? spec.x_min : range[0];
+    var max = isNum(spec.x_max) ? spec.x_max : range[1];
+    if (spec.percent) {
       min = Math.max(0, min);
       max = Math.min(1, max);
     }
@@ -383,12 +401,14 @@
           return 3 + 7 * Math.sqrt((p.n || 0) / maxN);
         }),
         pointHoverRadius: 9,
+        clip: 12,
       });
     });
     return new Chart(canvasIn(el), {
       type: "scatter",
       data: { datasets: datasets },
       options: {
+        layout: { padding: { top: 10, right: 10 } },
         scales: {
           x: { min: 0.5, max: 1, title: axisTitle(spec.x_label), ticks: { callback: tick(true) } },
           y: { min: 0, max: 1, title: axisTitle(spec.y_label), ticks: { callback: tick(true) } },
@@ -513,7 +533,7 @@
           },
           plugins: {
             legend: { display: false },
-            alarmLines: { alarms: spec.alarms },
+            alarmLines: { alarms: spec.alarms, metric: c.metric },
             tooltip: {
               callbacks: {
                 label: function (ctx) {
