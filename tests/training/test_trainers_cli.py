@@ -150,7 +150,7 @@ def test_describe_lists_fields_with_help(capsys):
     assert "beta = 0.1" in out and "Rafailov" in out
 
 
-def test_registry_covers_every_recipe_and_loads_ppo_lazily():
+def test_registry_covers_every_recipe_name():
     assert set(RECIPES) == {"sft", "reward", "dpo", "grpo", "rloo", "ppo"}
     for name in ("sft", "reward", "dpo", "grpo", "rloo"):
         config_cls, train = get_recipe(name)
@@ -182,3 +182,20 @@ def test_module_entry_point_exits_2_on_a_bad_config(tmp_path, snapshot):
     )
     assert result.returncode == 2, result.stderr
     assert "bogus" in result.stderr
+
+
+def test_a_run_that_fails_is_marked_failed_in_progress_json(
+    tmp_path, tiny_reward_dir, make_snapshot, capsys
+):
+    # Every pair compares an answer with itself: nothing is left to train on.
+    snapshot = make_snapshot(train=[{"prompt": "p", "chosen": " a", "rejected": " a"}] * 4)
+    config = _write(
+        tmp_path / "cfg.json", {"model_name_or_path": str(tiny_reward_dir), "max_steps": 1}
+    )
+    out = tmp_path / "out"
+    args = ["--recipe", "reward", "--config", str(config), "--data", str(snapshot)]
+    assert main([*args, "--out", str(out)]) == 2
+    assert "no training pair is left" in capsys.readouterr().err
+    assert json.loads((out / "progress.json").read_text())["status"] == "failed"
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "failed"

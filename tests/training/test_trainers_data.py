@@ -126,3 +126,9 @@ def test_data_hash_covers_splits_but_not_the_manifest(make_snapshot):
     assert read_manifest(b)["content_hash"] == data_hash(b)
     (b / "train.jsonl").write_text(json.dumps(arithmetic_rows(1)[0]) + "\n")
     assert data_hash(b) != data_hash(a)
+
+
+def test_a_row_mixing_text_and_messages_is_refused(make_snapshot):
+    row = {"prompt": [{"role": "user", "content": "hi"}], "chosen": " a", "rejected": " b"}
+    with pytest.raises(DatasetError, match="mix plain text and message lists"):
+        load_preferences(make_snapshot(train=[row]))

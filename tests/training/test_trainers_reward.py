@@ -172,3 +172,12 @@ def test_conversational_pairs_train_through_the_chat_template(
     scorer = reward.RewardScorer(out / "final", device="cpu")
     held_out = reward.pairwise_accuracy(scorer, list(load_preferences(snapshot).validation))
     assert held_out["margin"] == pytest.approx(metrics["eval_margin"], rel=1e-4)
+
+
+def test_a_reward_model_can_start_from_a_causal_lm_policy(tmp_path, tiny_policy_dir, make_snapshot):
+    snapshot = make_snapshot(train=arithmetic_rows(16), validation=arithmetic_rows(8, seed=1))
+    out = tmp_path / "from_policy"
+    metrics = reward.train(_config(tiny_policy_dir, max_steps=2), snapshot, out)
+    model = AutoModelForSequenceClassification.from_pretrained(str(out / "final"))
+    assert model.config.num_labels == 1
+    assert metrics["global_step"] == 2

@@ -120,6 +120,17 @@ def build_config(config_cls: type, values: dict[str, Any], *, resume: bool):
     return config_from_dict(config_cls, values)
 
 
+def _mark_failed(logger, exc: BaseException) -> None:
+    """Tell a supervisor reading progress.json that the run ended badly."""
+    if logger is None:
+        return
+    try:
+        logger.event("failed", error=f"{type(exc).__name__}: {exc}")
+        logger.finish(status="failed")
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code."""
     try:
@@ -132,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     set_quiet_offline_env()
     bad_input = (UsageError, ConfigError, DatasetError)
+    logger = None
     try:
         config_cls, train = get_recipe(args.recipe)
         if args.describe:
@@ -142,15 +154,19 @@ def main(argv: list[str] | None = None) -> int:
             raise DatasetError(f"dataset folder not found: {args.data}")
         from training.trainers.common import RunLogger
 
-        metrics = train(config, args.data, args.out, RunLogger(args.out))
+        logger = RunLogger(args.out)
+        metrics = train(config, args.data, args.out, logger)
     except bad_input as exc:
         print(f"error: {exc}", file=sys.stderr)
+        _mark_failed(logger, exc)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr)
+        _mark_failed(logger, exc)
         return EXIT_FAILURE
-    except Exception:
+    except Exception as exc:
         traceback.print_exc(file=sys.stderr)
+        _mark_failed(logger, exc)
         return EXIT_FAILURE
     print(json.dumps(metrics, default=str, sort_keys=True))
     return EXIT_OK

@@ -425,7 +425,10 @@ def start_run(
     config.validate()
     dataset_dir, output_dir = Path(dataset_dir), Path(output_dir)
     logger = logger or RunLogger(output_dir)
-    write_run_json(output_dir, config, dataset_dir, config.seeds(), recipe=recipe, status="running")
+    if os.environ.get("RANK", "0") == "0":
+        write_run_json(
+            output_dir, config, dataset_dir, config.seeds(), recipe=recipe, status="running"
+        )
     logger.event("start", recipe=recipe, resume=config.resume)
     set_seed(config.seed)
     return dataset_dir, output_dir, logger
@@ -506,7 +509,8 @@ class RunLogger(TrainerCallback):
         self.metrics_path = self.output_dir / "metrics.jsonl"
         self.progress_path = self.output_dir / "progress.json"
         self.echo = echo
-        self.is_main = True
+        # Under `accelerate launch` only rank 0 writes; the Trainer confirms it on train begin.
+        self.is_main = os.environ.get("RANK", "0") == "0"
         self.step = 0
         self.max_steps = 0
         self.epoch: float | None = None

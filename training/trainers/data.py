@@ -166,6 +166,9 @@ def _preference_row(row: dict, where: str) -> dict:
         for key in ("prompt", "chosen", "rejected")
         if key in row
     }
+    shapes = {type(value).__name__ for value in out.values()}
+    if len(shapes) > 1:
+        raise DatasetError(f"{where}: prompt/chosen/rejected mix plain text and message lists")
     margin = row.get("margin")
     soft_label = row.get("soft_label")
     try:
