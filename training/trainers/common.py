@@ -193,6 +193,8 @@ class BaseRecipeConfig:
             raise ConfigError("batch size and gradient_accumulation_steps must be >= 1")
         if self.save_steps < 1 or self.logging_steps < 1:
             raise ConfigError("save_steps and logging_steps must be >= 1")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError("warmup_ratio must lie in [0, 1)")
         if self.use_lora and self.lora_r < 1:
             raise ConfigError("lora_r must be >= 1 when use_lora is true")
 
@@ -394,20 +396,24 @@ def _eval_prefix(logs: dict[str, Any]) -> str | None:
 
 def save_final(trainer, output_dir: Path, config: BaseRecipeConfig, tokenizer) -> Path:
     """Save the final model and tokenizer to ``output_dir/final`` (LoRA merged by default)."""
-    final_dir = output_dir / "final"
-    trainer.accelerator.wait_for_everyone()
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    if not trainer.accelerator.is_main_process:
-        return final_dir
     from accelerate.utils import is_peft_model
 
-    if is_peft_model(model):
-        model.save_pretrained(str(output_dir / "adapter"))
-        tokenizer.save_pretrained(str(output_dir / "adapter"))
-        if config.merge_lora:
-            model = model.merge_and_unload()
-    model.save_pretrained(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
+    final_dir = output_dir / "final"
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    main = trainer.accelerator.is_main_process
+    if not is_peft_model(model):
+        trainer.save_model(str(final_dir))  # gathers sharded (FSDP / ZeRO-3) weights
+        if main:
+            tokenizer.save_pretrained(str(final_dir))
+        return final_dir
+    adapter_dir = output_dir / "adapter"
+    trainer.save_model(str(adapter_dir))
+    trainer.accelerator.wait_for_everyone()
+    if main:
+        tokenizer.save_pretrained(str(adapter_dir))
+        merged = model.merge_and_unload() if config.merge_lora else model
+        merged.save_pretrained(str(final_dir))
+        tokenizer.save_pretrained(str(final_dir))
     return final_dir
 
 
