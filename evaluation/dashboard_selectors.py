@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from django.contrib.auth import get_user_model
-from django.db.models import Count, IntegerField, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, IntegerField, Max, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce, Length
 
 from annotation.models import (
@@ -338,10 +338,26 @@ class ProjectData:
         self._qc: dict[str, Any] = {}
 
     def qc(self, selector: str, **kwargs: Any) -> Any:
-        """Return a QC selector's result, computed once per request (kwargs fixed per name)."""
+        """Return a QC selector's result, computed once per request (kwargs fixed per name).
+
+        Agreement comes from the newest stored report when no label arrived after it
+        (the QC check stores one), else it is computed now.
+        """
         if selector not in self._qc:
-            self._qc[selector] = qc_selector(selector)(**kwargs)
+            stored = self._stored_agreement() if selector == "project_agreement" else None
+            self._qc[selector] = stored or qc_selector(selector)(**kwargs)
         return self._qc[selector]
+
+    def _stored_agreement(self) -> dict | None:
+        latest = qc_selector("agreement_report_latest")
+        report = latest(project=self.project, round_=self.round) if latest else None
+        if report is None:
+            return None
+        labels = Judgment.objects.filter(project=self.project)
+        if self.round is not None:
+            labels = labels.filter(item__round=self.round)
+        newest = labels.aggregate(newest=Max("created_at"))["newest"]
+        return report.report if newest is None or report.created_at >= newest else None
 
     @cached_property
     def rounds(self) -> list[Round]:

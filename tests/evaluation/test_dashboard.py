@@ -647,3 +647,21 @@ def test_project_list_counts(world):
     assert ds.dashboard_projects(user=world.researcher) == [world.project]
     assert set(ds.dashboard_projects(user=world.staff)) >= {world.project, world.other}
     assert Project.objects.count() >= 2
+
+
+def test_agreement_comes_from_a_stored_report_until_a_new_label_arrives(world):
+    from evaluation.models import AgreementReport
+
+    live = ds.agreement_panel(ds.ProjectData(world.project))
+    report = ds.ProjectData(world.project).qc(
+        "project_agreement", project=world.project, round_=None, n_boot=ds.AGREEMENT_BOOT
+    )
+    report = json.loads(json.dumps(report))
+    report["by_source"]["human"]["alpha"]["estimate"] = 0.999  # a marker
+    AgreementReport.objects.create(project=world.project, report=report, n_judgments=1)
+    stored = ds.agreement_panel(ds.ProjectData(world.project))
+    assert stored.rows[0][2] == 0.999
+    assert stored.rows[1:] == live.rows[1:]
+    newest = Judgment.objects.filter(project=world.project).order_by("-id").first()
+    Judgment.objects.filter(pk=newest.pk).update(created_at=timezone.now() + timedelta(seconds=5))
+    assert ds.agreement_panel(ds.ProjectData(world.project)).rows == live.rows
