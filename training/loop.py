@@ -312,18 +312,23 @@ def loop_ready(*, project: Project, settings: LoopSettings) -> Round | None:
 def _dataset(round_: Round, settings: LoopSettings, key: str):
     from annotation.models import DatasetVersion
 
-    existing = (
-        DatasetVersion.objects.filter(project=round_.project, name=key)
-        .exclude(status="failed").order_by("-version").first()
-    )
+    versions = DatasetVersion.objects.filter(project=round_.project, name=key)
+    existing = versions.exclude(status="failed").order_by("-version").first()
     if existing is not None and existing.status == "ready":
         return existing, "done"
+    failed = versions.filter(status="failed").order_by("-version").first()
+    if existing is None and failed is not None:
+        newer = Judgment.objects.filter(item__round=round_, created_at__gt=failed.created_at)
+        if not newer.exists():
+            # Rebuilding the same labels would fail the same way: wait for new labels.
+            return failed, "failed"
     from annotation.exports import dataset_version_build, dataset_version_create
 
     if existing is None:
         rounds = list(
-            Round.objects.filter(project=round_.project, number__lte=round_.number)
-            .values_list("number", flat=True)
+            Round.objects.filter(project=round_.project, number__lte=round_.number).values_list(
+                "number", flat=True
+            )
         )
         existing = dataset_version_create(
             project=round_.project,
@@ -340,7 +345,13 @@ def _dataset(round_: Round, settings: LoopSettings, key: str):
                 "hf": False,
             },
         )
-    version = dataset_version_build(dataset_version_id=existing.pk)
+    from annotation.services import ServiceError
+
+    try:
+        version = dataset_version_build(dataset_version_id=existing.pk)
+    except ServiceError:
+        existing.refresh_from_db()
+        return existing, "failed"
     return version, "started"
 
 
@@ -427,6 +438,9 @@ def loop_advance(
     parent = round_.model_version
 
     dataset, status = _dataset(round_, settings, key)
+    if status == "failed":
+        state.add("export", "failed", f"dataset v{dataset.version}: {dataset.error[-300:]}")
+        return state
     state.add("export", status, f"dataset v{dataset.version} {dataset.split_counts}")
     if dataset.status != "ready":
         state.add("export", "waiting", dataset.status)
