@@ -25,17 +25,27 @@ class QualityPolicy(models.Model):
     )
     # Gold items.
     min_gold_items = models.PositiveIntegerField(
-        default=10, help_text="Gold answers needed before gold accuracy is judged."
+        default=5, help_text="Gold answers needed before gold accuracy is judged."
     )
     min_gold_accuracy = models.FloatField(
-        default=0.7, help_text="Pause below this accuracy on gold items."
+        default=0.7, help_text="Pause when gold accuracy is (confidently) below this."
+    )
+    confidence = models.FloatField(
+        null=True,
+        blank=True,
+        default=0.95,
+        help_text="Pause on gold accuracy or self-agreement only when the Wilson upper bound "
+        "at this confidence is below the floor: a clear failure needs few items, and a good "
+        "annotator's unlucky streak is not one. Empty judges the plain rates.",
     )
     # Planned repeats (shown again with sides flipped).
     min_repeat_pairs = models.PositiveIntegerField(
         default=5, help_text="Repeats needed before self-agreement is judged."
     )
     min_stability = models.FloatField(
-        default=0.6, help_text="Pause below this share of repeats answered the same way."
+        default=0.6,
+        help_text="Pause when the share of repeats answered the same way is (confidently) "
+        "below this.",
     )
     # Position bias.
     min_position_decisions = models.PositiveIntegerField(
@@ -89,6 +99,10 @@ class QualityPolicy(models.Model):
             models.CheckConstraint(
                 condition=Q(min_gold_accuracy__gte=0) & Q(min_gold_accuracy__lte=1),
                 name="qualitypolicy_gold_accuracy_0_1",
+            ),
+            models.CheckConstraint(
+                condition=Q(confidence__isnull=True) | (Q(confidence__gt=0) & Q(confidence__lt=1)),
+                name="qualitypolicy_confidence_0_1",
             ),
             models.CheckConstraint(
                 condition=Q(min_stability__gte=0) & Q(min_stability__lte=1),

@@ -86,6 +86,13 @@ class QualityThresholds:
 
     min_gold_items: int = field(default=10, metadata={"help": "gold answers needed to judge"})
     min_gold_accuracy: float = field(default=0.7, metadata={"help": "pause below this"})
+    confidence: float | None = field(
+        default=None,
+        metadata={
+            "help": "pause on gold accuracy or self-agreement only when the Wilson upper"
+            " bound at this confidence is below the floor; None judges the point estimate"
+        },
+    )
     min_repeat_pairs: int = field(default=5, metadata={"help": "repeats needed to judge"})
     min_stability: float = field(default=0.6, metadata={"help": "self-agreement floor"})
     min_position_decisions: int = field(default=20, metadata={"help": "A/B votes needed"})
@@ -274,6 +281,19 @@ def consensus_outliers(
     return results
 
 
+def _below(successes: int, n: int, floor: float, confidence: float | None) -> bool:
+    """Return whether a rate is below a floor: its point estimate, or its Wilson upper bound."""
+    if confidence is None:
+        return successes / n < floor
+    return wilson_interval(successes, n, confidence)[1] < floor
+
+
+def _bound_note(successes: int, n: int, t: QualityThresholds) -> str:
+    if t.confidence is None:
+        return ""
+    return f" ({t.confidence:.0%} upper bound {wilson_interval(successes, n, t.confidence)[1]:.2f})"
+
+
 def assess_annotator(
     *,
     thresholds: QualityThresholds,
@@ -285,7 +305,10 @@ def assess_annotator(
 ) -> Assessment:
     """Return pause with reasons if any check fails its threshold, else pass.
 
-    Checks without enough data are not failed; they are listed in ``notes``.
+    Checks without enough data are not failed; they are listed in ``notes``. With
+    ``thresholds.confidence`` set, gold accuracy and self-agreement fail only when their
+    Wilson upper bound is below the floor, so a short unlucky streak does not pause a good
+    annotator while a clear failure needs few items.
     """
     reasons: list[str] = []
     notes: list[str] = []
@@ -293,18 +316,24 @@ def assess_annotator(
     if gold is not None:
         if gold.n_items < t.min_gold_items:
             notes.append(f"gold: {gold.n_items} of {t.min_gold_items} items needed")
-        elif gold.n_correct / gold.n_items < t.min_gold_accuracy:
+        elif _below(gold.n_correct, gold.n_items, t.min_gold_accuracy, t.confidence):
             reasons.append(
                 f"gold accuracy {gold.n_correct / gold.n_items:.2f} < {t.min_gold_accuracy:.2f}"
-                f" on {gold.n_items} items"
+                f" on {gold.n_items} items{_bound_note(gold.n_correct, gold.n_items, t)}"
             )
     if stability is not None:
         if stability.n_pairs < t.min_repeat_pairs:
             notes.append(f"stability: {stability.n_pairs} of {t.min_repeat_pairs} repeats needed")
-        elif stability.agreement is not None and stability.agreement < t.min_stability:
+        elif stability.agreement is not None and _below(
+            round(stability.agreement * stability.n_pairs),
+            stability.n_pairs,
+            t.min_stability,
+            t.confidence,
+        ):
+            same = round(stability.agreement * stability.n_pairs)
             reasons.append(
                 f"self-agreement {stability.agreement:.2f} < {t.min_stability:.2f}"
-                f" on {stability.n_pairs} repeats"
+                f" on {stability.n_pairs} repeats{_bound_note(same, stability.n_pairs, t)}"
             )
     if position is not None:
         if position.n_decisions < t.min_position_decisions:

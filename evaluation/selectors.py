@@ -159,6 +159,7 @@ def quality_thresholds(*, policy: QualityPolicy) -> QualityThresholds:
     return QualityThresholds(
         min_gold_items=policy.min_gold_items,
         min_gold_accuracy=policy.min_gold_accuracy,
+        confidence=policy.confidence,
         min_repeat_pairs=policy.min_repeat_pairs,
         min_stability=policy.min_stability,
         min_position_decisions=policy.min_position_decisions,

@@ -91,7 +91,9 @@ def test_wrong_gold_answers_pause_the_annotator_flag_their_labels_and_end_their_
     membership = Membership.objects.get(project=project, user=bad)
     assert result.paused == [bad.pk]
     assert membership.status == Membership.Status.PAUSED and membership.flagged
-    assert "gold accuracy 0.00 < 0.70 on 10 items" in membership.status_reason
+    assert "gold accuracy 0.00 < 0.70 on 10 items (95% upper bound 0.28)" in (
+        membership.status_reason
+    )
     assert Judgment.objects.filter(annotator=bad).count() == 10
     assert set(Judgment.objects.filter(annotator=bad).values_list("qc_flag", flat=True)) == {
         "paused:gold_accuracy"
@@ -197,7 +199,7 @@ def test_too_little_data_passes_with_notes(project):
 
     (assessment,) = result.assessments
     assert assessment.verdict == "pass" and not assessment.applied
-    assert any("gold: 0 of 10 items needed" in note for note in assessment.notes)
+    assert any("gold: 0 of 5 items needed" in note for note in assessment.notes)
     assert any("speed: 3 of 10 timed judgments needed" in note for note in assessment.notes)
 
 
@@ -361,3 +363,30 @@ def test_qc_command_is_a_dry_run_unless_asked_to_pause(project):
     assert Membership.objects.get(user=user).status == "paused"
     assert Membership.objects.get(user=other).status == "active"
     assert "PAUSED" in out.getvalue() and "1 paused" in out.getvalue()
+
+
+def test_gold_is_judged_on_its_wilson_upper_bound_unless_the_policy_asks_for_the_point(project):
+    # 6 of 10 right: below 0.7, but not confidently (95% upper bound 0.83)
+    user = _member(project, "middling")
+    gold, answers = _gold_items(project, 10)
+    for i, (item, answer) in enumerate(zip(gold, answers, strict=True)):
+        _judge(project, user, item, answer if i < 6 else _flip(answer))
+
+    assert services.qc_check_annotator(project=project, annotator_id=user.pk).paused == []
+
+    services.quality_policy_update(project=project, confidence=None)
+    check = services.qc_check_annotator(project=project, annotator_id=user.pk)
+    assert check.paused == [user.pk]
+    assert check.assessments[0].reasons == ["gold accuracy 0.60 < 0.70 on 10 items"]
+
+
+def test_the_library_confidence_rule_spares_short_streaks_but_not_clear_failures():
+    from evaluation.quality import QualityThresholds, Stability, assess_annotator
+
+    point, confident = QualityThresholds(), QualityThresholds(confidence=0.95)
+    streak, failure = Stability(5, 0.4, None), Stability(8, 0.125, None)
+
+    assert assess_annotator(thresholds=point, stability=streak).status == "pause"
+    assert assess_annotator(thresholds=confident, stability=streak).status == "pass"
+    verdict = assess_annotator(thresholds=confident, stability=failure)
+    assert verdict.reasons == ["self-agreement 0.12 < 0.60 on 8 repeats (95% upper bound 0.47)"]
