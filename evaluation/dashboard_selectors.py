@@ -63,7 +63,7 @@ MAX_BIAS_ANNOTATORS = 30
 AGREEMENT_BOOT = 300
 LEADERBOARD_BOOT = 200
 WINRATE_BOOT = 1_000
-LC_BOOT = 200
+LC_BOOT = 100
 # Below this many decisive votes the length fit is mostly noise (often separable): not shown.
 LC_MIN_VOTES = 30
 
@@ -301,12 +301,14 @@ def model_key(model_name: str, checkpoint_id: str, version_name: str | None) -> 
 def pairwise_battles(judgments: Iterable[dict], slots: dict[int, list[tuple]]) -> list[Battle]:
     """Turn judgments into battles between the models at their item's positions.
 
-    ``slots`` maps item id to ``(position, model, length)`` sorted by position. Gold and repeat
-    judgments, non-human labels and items whose models coincide give no battle.
+    ``slots`` maps item id to ``(position, model, length)`` sorted by position. Gold, repeat
+    and QC-flagged judgments, non-human labels and items whose models coincide give no battle.
     """
     battles = []
     for j in judgments:
         if j["is_gold"] or j["is_repeat"] or j["source"] != LabelSource.HUMAN:
+            continue
+        if j.get("qc_flag"):
             continue
         item_slots = slots.get(j["item_id"])
         if not item_slots or len(item_slots) < 2:
@@ -382,6 +384,7 @@ class ProjectData:
                 "source",
                 "is_gold",
                 "is_repeat",
+                "qc_flag",
                 "assignment__display_order",
             )[:MAX_JUDGMENTS]
         )
@@ -1172,8 +1175,8 @@ def disagreement_panel(data: ProjectData) -> Panel:
 
 
 BATTLE_NOTE = (
-    "Battles are human, non-gold, non-repeat judgments on items whose answers come from "
-    "different models."
+    "Battles are human, non-gold, non-repeat, unflagged judgments on items whose answers "
+    "come from different models."
 )
 
 

@@ -464,7 +464,7 @@ def test_battles_come_from_human_pairwise_judgments_between_different_models(wor
     data = ds.ProjectData(world.project)
     battles = data.battles
     judged = Judgment.objects.filter(
-        project=world.project, source="human", is_gold=False, is_repeat=False
+        project=world.project, source="human", is_gold=False, is_repeat=False, qc_flag=""
     ).count()
     assert len(battles) == judged  # every item pits two different models
     item = Item.objects.filter(round=world.round2).first()
@@ -549,10 +549,11 @@ def test_ranking_judgments_split_into_pairs():
         ("y", "z", "A"),
     ]
     assert (battles[0].length_a, battles[0].length_b) == (10, 20)
-    # Same model at two positions: no battle; gold and AI labels: none either.
+    # Same model at two positions: no battle; gold, AI and QC-flagged labels: none either.
     assert ds.pairwise_battles([judgment], {7: [(0, "x", 1), (1, "x", 1), (2, "x", 1)]}) == []
     assert ds.pairwise_battles([{**judgment, "is_gold": True}], slots) == []
     assert ds.pairwise_battles([{**judgment, "source": "ai"}], slots) == []
+    assert ds.pairwise_battles([{**judgment, "qc_flag": "too_fast"}], slots) == []
 
 
 def test_training_curves_use_the_logged_keys_and_raise_alarms(world):
