@@ -74,7 +74,7 @@ def _page(
             raise Http404("No such chart on this page.")
         return _csv_response(panel, f"{csv_prefix}-{panel.key}")
     panels = [panel for panel in (build() for build in builders.values()) if panel is not None]
-    charts = {p.key: p.chart for p in panels if p.chart and p.has_data}
+    charts = {p.key: ds.finite(p.chart) for p in panels if p.chart and p.has_data}
     query = request.GET.copy()
     query.pop("format", None)
     query.pop("chart", None)

@@ -162,6 +162,19 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
+def finite(value: Any) -> Any:
+    """Return chart data with NaN and infinities as None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    if isinstance(value, np.generic):
+        return finite(value.item())
+    return value
+
+
 def empty(key: str, title: str, message: str, **extra: Any) -> Panel:
     return Panel(key=key, title=title, status="empty", message=message, **extra)
 

@@ -666,3 +666,68 @@ def test_agreement_comes_from_a_stored_report_until_a_new_label_arrives(world):
     newest = Judgment.objects.filter(project=world.project).order_by("-id").first()
     Judgment.objects.filter(pk=newest.pk).update(created_at=timezone.now() + timedelta(seconds=5))
     assert ds.agreement_panel(ds.ProjectData(world.project)).rows == live.rows
+
+
+def test_ranking_projects_render_with_pairs_from_rankings(client):
+    project = make_project(name="Rank three", task_kind="ranking", k=3, overlap=2)
+    researcher = make_user("rank-researcher")
+    add_member(project, researcher, role=Membership.Role.RESEARCHER)
+    raters = [make_user(f"ranker{i}") for i in range(3)]
+    for user in raters:
+        add_member(project, user)
+    versions = [
+        ModelVersion.objects.create(name=f"rank-m{i}", artifact_path="/x") for i in range(3)
+    ]
+    round_ = Round.objects.create(project=project, number=1)
+    for i in range(6):
+        prompt = Prompt.objects.create(project=project, text=f"q{i}", content_hash=f"h{i}")
+        item = Item.objects.create(project=project, round=round_, prompt=prompt)
+        for position, version in enumerate(versions):
+            candidate = Candidate.objects.create(
+                prompt=prompt,
+                text=f"answer {position} " * (position + 1),
+                content_hash=f"c{i}-{position}",
+                model_name=version.name,
+                policy_version=version,
+            )
+            ItemCandidate.objects.create(item=item, candidate=candidate, position=position)
+    rng = random.Random(1)
+    for user in raters:
+        while assignment := services.assignment_next(project_id=project.pk, user=user, rng=rng):
+            ranks = [1, 2, 3]
+            rng.shuffle(ranks)
+            services.judgment_submit(assignment_id=assignment.pk, user=user, ranking=ranks)
+
+    data = ds.ProjectData(project)
+    n_rankings = Judgment.objects.filter(project=project).count()
+    assert n_rankings == 12
+    assert len(data.battles) == 3 * n_rankings  # K(K-1)/2 pairs per ranking
+    bias = ds.position_bias_panel(data)
+    assert [row[0] for row in bias.rows] == ["Slot A", "Slot B", "Slot C"]
+    assert sum(row[2] for row in bias.rows) == n_rankings
+    assert bias.chart["reference"] == pytest.approx(1 / 3)
+    board = ds.leaderboard_panel(data)
+    assert "too narrow" in board.note
+    client.force_login(researcher)
+    for name in ("dashboard:project", "dashboard:models"):
+        response = client.get(reverse(name, args=[project.pk]))
+        assert response.status_code == 200
+        _assert_csp_clean(response.content.decode())
+
+
+def test_a_run_without_a_project_is_for_staff_only(client, world, tmp_path):
+    run = TrainingRun.objects.create(recipe="sft", output_dir=str(tmp_path))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+    url = reverse("dashboard:run", args=[run.pk])
+    client.force_login(world.researcher)
+    assert client.get(url).status_code == 404
+    client.force_login(world.staff)
+    response = client.get(url)
+    assert response.status_code == 200
+    assert "Training curves: run" in response.content.decode()
+
+
+def test_chart_data_never_holds_nan():
+    spec = ds.finite({"a": [1.0, float("nan"), np.float64("inf")], "b": (np.float32(2.5),)})
+    assert spec == {"a": [1.0, None, None], "b": [2.5]}
+    json.dumps(spec, allow_nan=False)
