@@ -13,6 +13,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -59,7 +60,11 @@ class ImportFailed(Exception):
     def __init__(self, errors: list[tuple[int, str]], total_bad: int):
         self.errors = errors
         self.total_bad = total_bad
-        super().__init__(f"{total_bad} bad line(s); nothing imported")
+        first = "; ".join(f"line {line}: {msg}" for line, msg in errors[:3])
+        super().__init__(f"{total_bad} bad line(s); nothing imported ({first})")
+
+    def __reduce__(self):
+        return (self.__class__, (self.errors, self.total_bad))
 
 
 @dataclass
@@ -131,6 +136,13 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
     ext_id = row.get("id", "")
     if not isinstance(ext_id, str | int) or isinstance(ext_id, bool) or len(str(ext_id)) > 200:
         problems.append("'id' must be a string or integer of at most 200 characters")
+    group_key = row.get("group_key", "")
+    if (
+        not isinstance(group_key, str | int)
+        or isinstance(group_key, bool)
+        or len(str(group_key)) > 200
+    ):
+        problems.append("'group_key' must be a string of at most 200 characters")
     cands = row.get("candidates")
     if not isinstance(cands, list):
         problems.append("'candidates' must be a list")
@@ -183,35 +195,90 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
     return {**row, "candidates": clean_cands, "id": str(ext_id)}, []
 
 
+class _NotJson(ValueError):
+    pass
+
+
+def _reject_constant(name: str):
+    raise _NotJson(f"{name} is not a JSON value")
+
+
+def unstorable(value) -> str | None:
+    """Return why parsed JSON cannot be stored in the database (NUL, lone surrogate, NaN)."""
+    stack = [value]
+    while stack:  # no recursion: JSON may nest as deep as the parser allows
+        v = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                return "text must not contain NUL (\\u0000) characters"
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return "text must not contain unpaired surrogates (\\ud800-\\udfff)"
+        elif isinstance(v, float) and not math.isfinite(v):
+            return "numbers must be finite"
+        elif isinstance(v, dict):
+            stack.extend(v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
+
+
+def json_line(data: str | bytes) -> tuple[object | None, str | None]:
+    """Parse one line of JSON; return (value, None) or (None, why it cannot be imported)."""
+    try:
+        value = json.loads(data, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        return None, f"bad JSON: {exc.msg} at column {exc.colno}"
+    except UnicodeDecodeError:
+        return None, "bad JSON: not UTF-8"
+    except RecursionError:
+        return None, "bad JSON: nested too deeply"
+    except _NotJson as exc:
+        return None, f"bad JSON: {exc}"
+    except ValueError:  # an integer literal longer than Python converts
+        return None, "bad JSON: a number has too many digits"
+    problem = unstorable(value)
+    return (None, problem) if problem else (value, None)
+
+
 def _parse_jsonl(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
     for number, raw in enumerate(stream, start=1):
         line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
         if not line.strip():
             continue
-        try:
-            yield number, json.loads(line), None
-        except json.JSONDecodeError as exc:
-            yield number, None, f"bad JSON: {exc.msg} at column {exc.colno}"
+        yield number, *json_line(line)
 
 
 def _parse_csv(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
     """CSV columns: id, prompt, candidate_1..candidate_K, model_1..model_K, gold (optional)."""
-    text = io.TextIOWrapper(stream, encoding="utf-8") if _is_binary(stream) else stream
-    reader = csv.DictReader(text)
-    for number, rec in enumerate(reader, start=2):
-        k = sum(1 for key in rec if key and key.startswith("candidate_"))
-        row: dict = {"prompt": rec.get("prompt"), "candidates": []}
-        if rec.get("id"):
-            row["id"] = rec["id"]
-        for i in range(1, k + 1):
-            cand = {"text": rec.get(f"candidate_{i}")}
-            if rec.get(f"model_{i}"):
-                cand["model_name"] = rec[f"model_{i}"]
-            row["candidates"].append(cand)
-        if rec.get("gold"):
-            gold = rec["gold"]
-            row["gold"] = json.loads(gold) if gold.startswith("[") else gold
-        yield number, row, None
+    wrapper = io.TextIOWrapper(stream, encoding="utf-8") if _is_binary(stream) else None
+    reader = csv.DictReader(wrapper or stream)
+    number = 1
+    try:
+        for number, rec in enumerate(reader, start=2):
+            k = sum(1 for key in rec if key and key.startswith("candidate_"))
+            row: dict = {"prompt": rec.get("prompt"), "candidates": []}
+            if rec.get("id"):
+                row["id"] = rec["id"]
+            for i in range(1, k + 1):
+                cand = {"text": rec.get(f"candidate_{i}")}
+                if rec.get(f"model_{i}"):
+                    cand["model_name"] = rec[f"model_{i}"]
+                row["candidates"].append(cand)
+            problem = None
+            if rec.get("gold"):
+                gold = rec["gold"]
+                row["gold"], problem = json_line(gold) if gold.startswith("[") else (gold, None)
+            problem = problem or unstorable(row)
+            yield (number, None, problem) if problem else (number, row, None)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        yield number + 1, None, f"cannot read the CSV: {reason}"
+    finally:
+        if wrapper is not None:
+            wrapper.detach()  # a collected wrapper would close the stream the next pass reads
 
 
 def _is_binary(stream) -> bool:

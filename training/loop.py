@@ -27,7 +27,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 
 from annotation import services as annotation_services
-from annotation.importers import items_import, normalise
+from annotation.importers import ImportFailed, items_import, normalise
 from annotation.models import Item, Judgment, LabelSource, Project, Round
 from training.generation import GenerationSettings, generate_candidates
 from training.models import ModelVersion, TrainingRun
@@ -272,12 +272,23 @@ def round_generate(
         Round.objects.select_for_update().filter(pk=round_.pk).first()
         if round_.items.exists():
             return round_
-        if rows:
-            items_import(
-                project=project,
-                stream=io.StringIO("\n".join(json.dumps(r) for r in rows)),
-                round_=round_,
-            )
+        while rows:
+            try:
+                items_import(
+                    project=project,
+                    stream=io.StringIO("\n".join(json.dumps(r) for r in rows)),
+                    round_=round_,
+                )
+                break
+            except ImportFailed as exc:
+                # Leave out the prompts the importer refuses (e.g. a pair already asked).
+                bad = {line for line, _ in exc.errors if line > 0}
+                if not bad:
+                    raise
+                logger.warning(
+                    "round %s: leaving out %d prompt(s): %s", round_.number, len(bad), exc
+                )
+                rows = [row for i, row in enumerate(rows, start=1) if i not in bad]
     logger.info(
         "round %s: %d of %d prompts had %d distinct answers",
         round_.number,
