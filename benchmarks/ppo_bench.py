@@ -124,6 +124,9 @@ def train_sft(args, work: Path, tokenizer_dir: Path) -> Path:
         learning_rate=args.sft_lr,
         lr_scheduler_type="constant",
         max_length=64,
+        # Length-grouped batches hold one answer style each (length follows style) and
+        # the model then never learns to read the operands: loss 1.1 vs 0.6 here.
+        group_by_length=False,
         save_steps=10**6,
         logging_steps=100,
         evaluate_at_end=False,

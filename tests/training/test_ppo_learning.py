@@ -43,11 +43,14 @@ def test_ppo_raises_the_true_reward_of_an_imperfect_sft_policy_within_its_kl_tar
     sft_data = make_snapshot(train=demo.imperfect_sft_corpus(4000, seed=0))
     sft_config = sft.Config(
         model_name_or_path=str(init_dir),
-        max_steps=600,
+        max_steps=400,
         per_device_train_batch_size=32,
         learning_rate=3e-3,
         lr_scheduler_type="constant",
         max_length=64,
+        # Length-grouped batches hold one answer style each (length follows style) and
+        # the model then never learns to read the operands: loss 1.1 vs 0.6 here.
+        group_by_length=False,
         save_steps=10**6,
         evaluate_at_end=False,
         seed=0,
@@ -66,7 +69,7 @@ def test_ppo_raises_the_true_reward_of_an_imperfect_sft_policy_within_its_kl_tar
     config = ppo.Config(
         model_name_or_path=str(sft_dir),
         reward_function="training.demo:true_reward",
-        max_steps=25,
+        max_steps=20,
         rollout_batch_size=64,
         per_device_train_batch_size=16,
         learning_rate=3e-4,
@@ -96,7 +99,7 @@ def test_ppo_raises_the_true_reward_of_an_imperfect_sft_policy_within_its_kl_tar
     )
 
     assert ppo_train > sft_train + 0.2, (sft_train, ppo_train)
-    assert ppo_held > sft_held, (sft_held, ppo_held)
+    assert ppo_held > sft_held + 0.1, (sft_held, ppo_held)
     assert float(kl.mean()) < target_kl
     assert metrics["last_kl/seq_mean"] < target_kl
     assert torch.isfinite(kl).all()
