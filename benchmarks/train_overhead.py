@@ -1,6 +1,6 @@
 """Training overhead: the same reward-model and DPO runs through Prefloop's Celery path vs TRL.
 
-    .venv/bin/python benchmarks/train_overhead.py [--max-steps 200] [--pairs 512] [--repeats 1]
+    .venv/bin/python benchmarks/train_overhead.py [--max-steps 60] [--pairs 512] [--repeats 2]
 
 Both halves train the same tiny models on the same snapshot with the same settings (built
 by ``benchmarks/train_overhead_plain.py``):
@@ -16,7 +16,9 @@ by ``benchmarks/train_overhead_plain.py``):
   ratio splits into Celery + supervision (Celery / CLI) and the recipe itself (CLI / plain).
 
 Prints one line per run, the wall-time ratio per recipe (target <= 1.05) and a JSON
-summary. Needs PostgreSQL and Redis as for the tests: a throwaway database
+summary. Wall time on a shared machine moves with other people's load, so the CPU seconds
+of the training processes (and of the worker's own supervision) are printed too.
+Needs PostgreSQL and Redis as for the tests: a throwaway database
 ``prefloop_bench_<pid>`` is created, migrated and dropped.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -107,7 +110,31 @@ def stop_worker(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def run_celery(recipe: str, setup, queue: str) -> dict:
+def children_cpu() -> float:
+    """Return the CPU seconds of this process's finished (waited-for) children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def worker_cpu(worker_pid: int) -> tuple[float, float]:
+    """Return (supervision CPU s, training CPU s) of a worker so far.
+
+    Supervision: the worker's main process and its pool process themselves. Training: the
+    pool process's finished children, i.e. the training CLI processes it ran and reaped.
+    """
+    import psutil
+
+    main = psutil.Process(worker_pid)
+    times = main.cpu_times()
+    supervision, training = times.user + times.system, 0.0
+    for pool in main.children():
+        pool_times = pool.cpu_times()
+        supervision += pool_times.user + pool_times.system
+        training += pool_times.children_user + pool_times.children_system
+    return supervision, training
+
+
+def run_celery(recipe: str, setup, queue: str, worker_pid: int) -> dict:
     """Queue one run on the worker; return its wall time from enqueue to succeeded."""
     from kombu import Connection
 
@@ -123,6 +150,7 @@ def run_celery(recipe: str, setup, queue: str) -> dict:
         enqueue=False,
     )
     create_seconds = time.perf_counter() - created
+    supervision_before, training_before = worker_cpu(worker_pid)
     with Connection(BROKER_URL) as broker:
         started = time.perf_counter()
         run_training.apply_async(args=(run.pk,), queue=queue, connection=broker)
@@ -130,12 +158,16 @@ def run_celery(recipe: str, setup, queue: str) -> dict:
         run.refresh_from_db()
         if run.status in services.TERMINAL_STATUSES:
             break
-        time.sleep(0.05)
+        time.sleep(0.1)
     seconds = time.perf_counter() - started
+    time.sleep(0.5)  # let the task return before reading the worker's CPU time
+    supervision_after, training_after = worker_cpu(worker_pid)
     if run.status != TrainingRun.Status.SUCCEEDED:
         raise RuntimeError(f"{recipe} run {run.pk} {run.status}: {run.error}")
     return {
         "seconds": seconds,
+        "cpu_seconds": training_after - training_before,
+        "supervision_cpu_seconds": supervision_after - supervision_before,
         "create_seconds": create_seconds,
         "run_id": run.pk,
         "model_version": run.model_version.name,
@@ -176,6 +208,7 @@ def run_plain(recipe: str, setup, output_dir: Path) -> dict:
         "logging_steps": setup.logging_steps,
         "save_steps": setup.save_steps,
     }
+    cpu_before = children_cpu()
     started = time.perf_counter()
     done = subprocess.run(
         [
@@ -194,8 +227,14 @@ def run_plain(recipe: str, setup, output_dir: Path) -> dict:
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"plain {recipe} failed:\n{done.stderr[-3000:]}")
+    cpu = children_cpu() - cpu_before
     inner = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"seconds": seconds, "in_process_seconds": inner.pop("seconds"), "metrics": inner}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "in_process_seconds": inner.pop("seconds"),
+        "metrics": inner,
+    }
 
 
 def run_cli(recipe: str, setup, output_dir: Path) -> dict:
@@ -216,21 +255,27 @@ def run_cli(recipe: str, setup, output_dir: Path) -> dict:
         "--out",
         str(output_dir),
     ]
+    cpu_before = children_cpu()
     started = time.perf_counter()
     done = subprocess.run(command, cwd=str(BASE_DIR), capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    cpu = children_cpu() - cpu_before
     if done.returncode != 0:
         raise RuntimeError(f"CLI {recipe} failed:\n{done.stderr[-3000:]}")
     metrics = json.loads(done.stdout.strip().splitlines()[-1])
     keep = ("eval_accuracy", "eval_rewards/accuracies", "global_step")
-    return {"seconds": seconds, "metrics": {k: v for k, v in metrics.items() if k in keep}}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "metrics": {k: v for k, v in metrics.items() if k in keep},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--max-steps", type=int, default=60)
     parser.add_argument("--pairs", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--recipes", default="reward,dpo")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -281,10 +326,14 @@ def main(argv: list[str] | None = None) -> int:
                     elif half == "cli":
                         result = run_cli(recipe, setup, workdir / f"cli_{recipe}_{repeat}")
                     else:
-                        result = run_celery(recipe, setup, queue)
+                        result = run_celery(recipe, setup, queue, worker.pid)
                     results[recipe][half].append(result)
+                    extra = ""
+                    if "supervision_cpu_seconds" in result:
+                        extra = f" + {result['supervision_cpu_seconds']:.1f} s supervision CPU"
                     print(
-                        f"{recipe:6s} {half:6s} #{repeat}: {result['seconds']:6.1f} s wall  "
+                        f"{recipe:6s} {half:6s} #{repeat}: {result['seconds']:6.1f} s wall, "
+                        f"{result['cpu_seconds']:6.1f} s training CPU{extra}  "
                         f"{json.dumps(result['metrics'])}",
                         flush=True,
                     )
@@ -301,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
             celery_s = statistics.median(r["seconds"] for r in results[recipe]["celery"])
             plain_s = statistics.median(r["seconds"] for r in results[recipe]["plain"])
             cli_s = statistics.median(r["seconds"] for r in results[recipe]["cli"])
+
+            def cpu(half: str, key: str = "cpu_seconds", recipe=recipe) -> float:
+                return statistics.median(r[key] for r in results[recipe][half])
+
             plain_inner = statistics.median(
                 r["in_process_seconds"] for r in results[recipe]["plain"]
             )
@@ -313,17 +366,28 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio": round(ratio, 3),
                 "celery_over_cli": round(celery_s / cli_s, 3),
                 "cli_over_plain": round(cli_s / plain_s, 3),
+                "cpu_seconds": {
+                    "celery_training": round(cpu("celery"), 2),
+                    "celery_supervision": round(cpu("celery", "supervision_cpu_seconds"), 2),
+                    "cli": round(cpu("cli"), 2),
+                    "plain": round(cpu("plain"), 2),
+                },
                 "create_seconds": round(
                     statistics.median(r["create_seconds"] for r in results[recipe]["celery"]), 2
                 ),
             }
             verdict = "ok" if ratio <= 1.05 else "over target"
+            cpu_ratio = (cpu("celery") + cpu("celery", "supervision_cpu_seconds")) / cpu("plain")
             print(
                 f"{recipe:6s} Celery path {celery_s:6.1f} s / plain TRL {plain_s:6.1f} s "
                 f"= {ratio:.3f} (target <= 1.05: {verdict})\n"
                 f"       of which Celery+supervision vs the bare CLI: {celery_s / cli_s:.3f} "
                 f"(CLI {cli_s:.1f} s), recipe vs plain TRL: {cli_s / plain_s:.3f}; "
-                f"plain without imports {plain_inner:.1f} s"
+                f"plain without imports {plain_inner:.1f} s\n"
+                f"       CPU s: Celery path {cpu('celery'):.1f} training + "
+                f"{cpu('celery', 'supervision_cpu_seconds'):.1f} supervision, bare CLI "
+                f"{cpu('cli'):.1f}, plain TRL {cpu('plain'):.1f} "
+                f"(ratio {cpu_ratio:.3f})"
             )
         print(json.dumps(summary))
     finally:
@@ -331,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
             stop_worker(worker)
         import redis
 
-        redis.Redis.from_url(BROKER_URL).delete(queue)
+        redis.Redis.from_url(BROKER_URL).delete(
+            queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"
+        )
         from django.db import connections
 
         connections.close_all()

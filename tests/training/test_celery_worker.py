@@ -40,11 +40,11 @@ VISIBILITY_TIMEOUT = 10
 
 
 def purge(queue: str) -> None:
-    """Empty our queue and drop unacknowledged messages that were routed to it."""
+    """Empty our queue, its bindings, and unacknowledged messages that were routed to it."""
     import redis
 
     client = redis.Redis.from_url(BROKER_URL)
-    client.delete(queue)
+    client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
     for tag, raw in client.hgetall("unacked").items():
         try:
             _message, _exchange, routing_key = json.loads(raw)
