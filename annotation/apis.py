@@ -306,7 +306,7 @@ class ImportApi(APIView):
     def post(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
         upload = request.data.get("file")
-        if upload is None:
+        if not hasattr(upload, "file"):  # missing, or sent as a plain form field
             return Response(
                 {"detail": "Send the file as multipart field 'file'.", "code": "file"}, status=400
             )
@@ -317,7 +317,12 @@ class ImportApi(APIView):
             )
         round_ = None
         if request.data.get("round"):
-            round_ = get_object_or_404(Round, project=project, number=request.data["round"])
+            number = request.data["round"]
+            if not (isinstance(number, str) and number.isascii() and number.isdigit()):
+                return Response(
+                    {"detail": "round must be a round number.", "code": "round"}, status=400
+                )
+            round_ = get_object_or_404(Round, project=project, number=int(number))
         try:
             report = items_import(project=project, stream=upload.file, fmt=fmt, round_=round_)
         except ImportFailed as exc:

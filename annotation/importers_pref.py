@@ -34,7 +34,6 @@ batch name), the second writes in batches inside one transaction.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -51,6 +50,7 @@ from annotation.importers import (
     _validate_messages,
     candidates_get_or_create,
     content_hash,
+    json_line,
     normalise,
     prompts_get_or_create,
 )
@@ -248,10 +248,9 @@ def _parse_ranking(row: dict, project: Project) -> tuple[dict | None, list[str]]
         extra = set(c) - {"text", "model_name", "checkpoint_id", "generation_config"}
         if extra:
             problems.append(f"candidates[{i}] has unknown field(s): {', '.join(sorted(extra))}")
-        if not isinstance(c.get("model_name", ""), str) or not isinstance(
-            c.get("checkpoint_id", ""), str
-        ):
-            problems.append(f"candidates[{i}].model_name/checkpoint_id must be strings")
+        for key in ("model_name", "checkpoint_id"):
+            if not isinstance(c.get(key, ""), str) or len(c.get(key, "")) > 200:
+                problems.append(f"candidates[{i}].{key} must be a string (≤ 200 characters)")
         if not isinstance(c.get("generation_config", {}), dict):
             problems.append(f"candidates[{i}].generation_config must be an object")
         clean.append(c)
@@ -345,12 +344,7 @@ def _lines(stream: IO) -> Iterator[tuple[int, object | None, str | None, bytes]]
         data = raw if isinstance(raw, bytes) else raw.encode("utf-8")
         if not data.strip():
             continue
-        try:
-            yield number, json.loads(data), None, data
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            where = f" at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-            yield number, None, f"bad JSON: {msg}{where}", data
+        yield number, *json_line(data), data
 
 
 # ---- the service --------------------------------------------------------------------------
