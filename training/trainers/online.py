@@ -215,8 +215,6 @@ def _train(
     config_cls, trainer_cls = (getattr(trl, name) for name in trl_names)
     model_path = resolve_model_path(config.model_name_or_path)
     tokenizer = load_policy_tokenizer(config.tokenizer_name_or_path or model_path)
-    # Batched generation needs the prompt flush against the completion.
-    tokenizer.padding_side = "left"
     splits = load_prompts(dataset_dir)
     max_prompt = None
     if config.max_length is not None:
@@ -264,7 +262,6 @@ def _train(
     metrics: dict[str, Any] = dict(trainer.train(resume_from_checkpoint=checkpoint).metrics)
     metrics.update(final_evaluation(trainer, config, datasets))
     metrics.update(counts)
-    tokenizer.padding_side = "right"
     finish_run(recipe, trainer, config, dataset_dir, output_dir, logger, tokenizer, metrics)
     return metrics
 
