@@ -26,7 +26,7 @@ class AgreementApi(APIView):
     class QuerySerializer(serializers.Serializer):
         round = serializers.IntegerField(required=False, min_value=1)
         live = serializers.BooleanField(required=False, default=False)
-        n_boot = serializers.IntegerField(required=False, default=1000, min_value=0)
+        n_boot = serializers.IntegerField(required=False, default=200, min_value=0)
         seed = serializers.IntegerField(required=False, default=0)
 
     @extend_schema(

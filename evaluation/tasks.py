@@ -6,7 +6,7 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
 from annotation.models import Project
-from evaluation import services
+from evaluation import selectors, services
 from evaluation.models import AnnotatorAssessment
 
 RETRY = {
@@ -40,6 +40,6 @@ def qc_check_project_task(project_id: int, trigger: str = AnnotatorAssessment.Tr
     project = Project.objects.filter(pk=project_id).first()
     if project is None:
         return 0
-    policy_enabled = services.selectors.quality_policy_get(project=project).enabled
-    result = services.qc_check_project(project=project, pause=policy_enabled, trigger=trigger)
+    enabled = selectors.quality_policy_get(project=project).enabled
+    result = services.qc_check_project(project=project, pause=enabled, trigger=trigger)
     return len(result.paused)

@@ -1,0 +1,199 @@
+"""End to end: simulated annotators label over HTTP; QC pauses the bad ones; trust weights help.
+
+Four simulated annotators (careful, noisy, always-left, random clicker) label a demo-domain
+project through the real API with hidden gold items (answer = the side with the higher
+`training.demo.true_reward`) and planned repeats. After every batch of 20 judgments each,
+the on-commit hook `qc_after_submit` is called as `judgment_submit` would call it, with the
+Celery task run in process. The always-left and random annotators must be paused within
+40 judgments each (60 for a random clicker who takes its time), the careful one never; and
+a vote weighted by gold accuracy must recover the true labels better than a plain majority
+over the same judgments.
+"""
+
+import random
+from dataclasses import replace
+from unittest import mock
+
+import pytest
+
+from annotation import services as annotation_services
+from annotation.importers import content_hash
+from annotation.models import (
+    Candidate,
+    Item,
+    ItemCandidate,
+    Judgment,
+    Membership,
+    Project,
+    Prompt,
+    Round,
+)
+from annotation.simulation import PRESETS, run_pool
+from evaluation import selectors, services, tasks
+from evaluation.aggregation import label_accuracy, majority_vote, weighted_vote
+from evaluation.models import AnnotatorAssessment
+from training import demo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+N_ITEMS, N_GOLD, BATCH, MAX_BATCHES = 60, 25, 20, 8
+
+
+def _demo_project() -> tuple[Project, dict[int, str]]:
+    """Return a demo-domain project and each item's truly better side.
+
+    Items pit a right answer against a wrong one. Every other gold item is a subtle one (a
+    calibration item): two right answers, one of them rude, so gold separates a careful
+    annotator from a merely noisy one and not only from bad actors.
+    """
+    project = Project.objects.create(
+        name="qc-e2e", overlap=3, gold_rate=0.2, repeat_rate=0.15, repeat_min_gap=5
+    )
+    round_ = Round.objects.create(project=project, number=1)
+    rng = random.Random(0)
+    truth = {}
+    for index, text in enumerate(demo.generate_prompts(N_ITEMS + N_GOLD, seed=7)):
+        problem = demo.parse_prompt(text)
+        right = demo.render_response(problem, rng.choice(["polite", "equation"]), problem.answer)
+        is_gold = index >= N_ITEMS
+        if is_gold and index % 2:
+            worse = demo.render_response(problem, "rude", problem.answer)
+        else:
+            worse = demo.render_response(
+                problem, rng.choice(["rude", "answer"]), demo.wrong_answer(problem, rng)
+            )
+        answers = rng.sample([right, worse], 2)
+        rewards = [demo.true_reward(text, answer) for answer in answers]
+        better = "A" if rewards[0] > rewards[1] else "B"
+        prompt = Prompt.objects.create(project=project, text=text, content_hash=content_hash(text))
+        item = Item.objects.create(
+            project=project,
+            round=round_,
+            prompt=prompt,
+            is_gold=is_gold,
+            gold_answer=better if is_gold else None,
+        )
+        for position, answer in enumerate(answers):
+            candidate = Candidate.objects.create(
+                prompt=prompt, text=answer, content_hash=content_hash(answer)
+            )
+            ItemCandidate.objects.create(item=item, candidate=candidate, position=position)
+        truth[item.pk] = better
+    return project, truth
+
+
+LABEL_CHECKS = {"gold_accuracy", "stability", "consensus"}
+
+
+@pytest.mark.parametrize(
+    ("disguised", "caught_by", "within"),
+    [
+        # The presets: the bad actors click in 1-1.5 s, faster than the texts can be read;
+        # their first check, after 20 judgments, stops both.
+        (False, {"always_left": {"position_bias"}, "random": LABEL_CHECKS | {"speed"}}, 40),
+        # Bad actors who take as long as the careful annotator: only their labels betray
+        # them. Always-left still falls to the position test after 20 judgments; a slow
+        # random clicker needs a few gold answers, repeats or shared items: its third check.
+        (True, {"always_left": {"position_bias"}, "random": LABEL_CHECKS}, 60),
+    ],
+    ids=["presets", "slow-bad-actors"],
+)
+def test_qc_pauses_bad_actors_over_http_and_trust_weights_beat_majority(
+    live_server, disguised, caught_by, within
+):
+    project, truth = _demo_project()
+    kinds = ["careful", "noisy", "always_left", "random"]
+    pool = {}
+    for kind in kinds:
+        token = annotation_services.simulated_annotator_ensure(
+            project=project, username=f"sim-{kind}"
+        )
+        profile = PRESETS[kind]
+        if disguised and kind in ("always_left", "random"):
+            profile = replace(profile, seconds_per_item=PRESETS["careful"].seconds_per_item)
+        pool[kind] = (f"sim-{kind}", token, profile)
+    user_ids = dict(
+        Membership.objects.filter(project=project).values_list("user__username", "user_id")
+    )
+
+    def run_check_now(project_id, annotator_id):
+        tasks.qc_check_annotator_task.apply(args=(project_id, annotator_id))
+
+    # Label in batches; after each, call the hook as judgment_submit's on_commit would.
+    for batch in range(MAX_BATCHES):
+        active = [
+            pool[kind]
+            for kind in kinds
+            if Membership.objects.get(project=project, user_id=user_ids[f"sim-{kind}"]).status
+            == Membership.Status.ACTIVE
+        ]
+        stats = run_pool(
+            base_url=live_server.url,
+            project_id=project.pk,
+            annotators=active,
+            max_items=BATCH,
+            seed=batch,
+        )
+        assert all(not s.errors for s in stats), [s.errors for s in stats]
+        with mock.patch.object(tasks.qc_check_annotator_task, "delay", side_effect=run_check_now):
+            for name, _, _ in active:
+                services.qc_after_submit(project_id=project.pk, annotator_id=user_ids[name])
+        if all(s.submitted < BATCH for s in stats):
+            break  # everyone still active ran out of items
+
+    def judgments_of(kind: str) -> int:
+        return Judgment.objects.filter(annotator_id=user_ids[f"sim-{kind}"]).count()
+
+    def membership(kind: str) -> Membership:
+        return Membership.objects.get(project=project, user_id=user_ids[f"sim-{kind}"])
+
+    # The bad actors are paused within the stated number of judgments, for a stated reason
+    for kind, checks in caught_by.items():
+        assert membership(kind).status == Membership.Status.PAUSED, kind
+        assert membership(kind).flagged
+        assert judgments_of(kind) <= within, kind
+        pause = AnnotatorAssessment.objects.get(annotator_id=user_ids[f"sim-{kind}"], applied=True)
+        assert set(pause.failed_checks) & checks, (kind, pause.reasons)
+        # Their labels are kept, and every one of them is flagged
+        flags = set(
+            Judgment.objects.filter(annotator_id=user_ids[f"sim-{kind}"]).values_list(
+                "qc_flag", flat=True
+            )
+        )
+        assert len(flags) == 1 and flags.pop().startswith("paused:"), kind
+
+    # The careful annotator labelled everything and was never paused
+    assert membership("careful").status == Membership.Status.ACTIVE
+    assert judgments_of("careful") >= N_ITEMS
+    assert not AnnotatorAssessment.objects.filter(
+        annotator_id=user_ids["sim-careful"], verdict="pause"
+    ).exists()
+    assert AnnotatorAssessment.objects.filter(annotator_id=user_ids["sim-careful"]).count() >= 3
+
+    # Trust-weighted aggregation beats the majority on the same judgments
+    votes = list(
+        Judgment.objects.filter(project=project, item__is_gold=False, is_repeat=False).values_list(
+            "item_id", "annotator_id", "choice"
+        )
+    )
+    weights = selectors.annotator_trust_weights(project=project)
+    assert weights[user_ids["sim-careful"]] > weights[user_ids["sim-always_left"]]
+    assert weights[user_ids["sim-careful"]] > weights[user_ids["sim-random"]]
+    primary_truth = {item: label for item, label in truth.items() if item in {v[0] for v in votes}}
+    accuracy_majority = label_accuracy(majority_vote(votes), primary_truth)
+    accuracy_weighted = label_accuracy(
+        weighted_vote(votes, weights, default_weight=selectors.DEFAULT_TRUST), primary_truth
+    )
+    assert accuracy_weighted > accuracy_majority
+    assert accuracy_weighted >= 0.9
+
+    # Agreement is reported for the simulated source on its own, without the flagged labels
+    report = selectors.project_agreement(project=project, n_boot=100)
+    assert report["sources"] == ["simulated"]
+    clean = Judgment.objects.filter(
+        project=project, item__is_gold=False, is_repeat=False, qc_flag=""
+    )
+    assert report["by_source"]["simulated"]["n_judgments"] == clean.count()
+    everything = selectors.project_agreement(project=project, n_boot=100, include_flagged=True)
+    assert everything["by_source"]["simulated"]["n_judgments"] == len(votes)
+    assert everything["by_source"]["simulated"]["alpha"]["estimate"] is not None
