@@ -590,6 +590,10 @@ def project_agreement(
         project=project, round_=round_, include_gold=include_gold, include_flagged=include_flagged
     )
     ranking = project.task_kind == TaskKind.RANKING
+    # A label of the other task kind (e.g. a stray import) cannot be compared: leave it out.
+    votes = [v for v in votes if isinstance(v.label, tuple) == ranking]
+    if not ranking:
+        votes = [v for v in votes if v.label in LABEL_CODE]
     names = _rater_names({vote.rater for vote in votes})
     sources = _sources_in_order(vote.source for vote in votes)
     by_source = {}
