@@ -424,7 +424,22 @@ def _judgment_submit_locked(
     Membership.objects.filter(project=project, user=user).update(
         judgment_count=F("judgment_count") + 1
     )
+    # Quality control runs in a Celery task every N judgments; the submit only counts.
+    # `seq` is the annotator's count when this item was served, so this is their count now
+    # give or take judgments submitted meanwhile: close enough to space the checks.
+    count = assignment.seq + 1
+    project_id, user_id = project.pk, user.pk
+    transaction.on_commit(
+        lambda: _qc_after_submit(project_id=project_id, annotator_id=user_id, count=count),
+        robust=True,
+    )
     return SubmitResult(judgment, replayed=False)
+
+
+def _qc_after_submit(*, project_id: int, annotator_id: int, count: int) -> None:
+    from evaluation.services import qc_after_submit
+
+    qc_after_submit(project_id=project_id, annotator_id=annotator_id, judgment_count=count)
 
 
 @transaction.atomic

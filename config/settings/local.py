@@ -14,3 +14,8 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
+
+# The embedded default: no broker to run. Tasks execute in the calling process unless a
+# broker is configured (CELERY_BROKER_URL=redis://... CELERY_TASK_ALWAYS_EAGER=0).
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
