@@ -16,6 +16,17 @@
     .venv/bin/python benchmarks/ppo_bench.py --oracle        # also PPO on the true reward
 
 Results are printed and written to ``<out>/results.json``.
+
+Reference run (``--oracle``, defaults, seed 0; 2 CPU cores shared, load 8-13; 0.84M-parameter
+GPT-2; SFT 431 s, reward model 109 s, PPO 60 updates x 64 prompts at ~4.6 s/update):
+reward model held-out pairwise accuracy against the true preference 0.859 (447 pairs).
+Held-out questions, 16 samples each, true reward [95% CI over prompts]:
+SFT -0.786 [-0.875, -0.688]; PPO on the reward model -0.510 [-0.591, -0.426] (gain +0.276
+[+0.198, +0.358], win rate 0.81, W/T/L 360/60/60, KL to SFT 2.26 nats mean, 3.31 P95,
+target 3); PPO on the true reward -0.494 [-0.697, -0.246]. On training questions the
+reward-model policy gains +0.264 (politeness; correctness stays at 0.30) while the
+true-reward policy gains +1.212 (correctness 0.31 -> 0.75): the reward model learned style,
+not arithmetic.
 """
 
 from __future__ import annotations
