@@ -191,6 +191,31 @@ def test_child_of_a_registered_model_keeps_lineage(
     assert child.model_version.base_model_path == parent.artifact_path
 
 
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_accelerate_launcher_trains_too(training_settings, tiny_reward_dir, reward_snapshot):
+    training_settings.TRAINING_LAUNCHER = "accelerate"
+    training_settings.TRAINING_ACCELERATE_ARGS = [
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--cpu",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
+    run = _create(tiny_reward_dir, reward_snapshot, max_steps=4, save_steps=4)
+
+    run = services.training_run_execute(run_id=run.pk)
+
+    assert run.status == TrainingRun.Status.SUCCEEDED, run.error
+    assert "accelerate.commands.launch" in Path(run.output_dir, "train.log").read_text()
+    assert run.current_metrics["global_step"] == 4
+    assert ModelVersion.objects.filter(training_run=run).count() == 1
+
+
 # --------------------------------------------------------------------------- failures
 
 
