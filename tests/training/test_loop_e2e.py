@@ -28,6 +28,10 @@ from training import demo, loop
 from training.loop_tasks import generate_round, loop_tick
 from training.models import ModelVersion, TrainingRun
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+
 pytestmark = [pytest.mark.celery, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
@@ -175,3 +179,30 @@ def test_two_rounds_close_through_a_real_worker(live_server, tiny_base_policy, t
     assert all("true_reward" in p.eval_results for p in policies)
     assert json.dumps(policies[1].eval_results)
     assert Round.objects.get(project=project, number=1).status == Round.Status.CLOSED
+    _screenshot_dashboard(live_server.url, project)
+
+
+def _screenshot_dashboard(url: str, project: Project) -> None:
+    """Save the researcher dashboard over this loop's real data, for a person to look at."""
+    if not os.path.exists(CHROMIUM):
+        return
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import sync_playwright
+
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    get_user_model().objects.create_user("loop-admin", password="pw-loop-admin", is_staff=True)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/accounts/login/")
+        page.fill("input[name=username]", "loop-admin")
+        page.fill("input[name=password]", "pw-loop-admin")
+        page.click("[type=submit]")
+        for tab in ("", "models/", "training/"):
+            response = page.goto(f"{url}/dashboard/projects/{project.pk}/{tab}")
+            assert response is not None and response.status == 200
+            page.wait_for_load_state("networkidle")
+            name = tab.strip("/") or "labels"
+            page.screenshot(path=str(SCREENSHOTS / f"loop-dashboard-{name}.png"), full_page=True)
+        browser.close()
