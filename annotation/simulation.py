@@ -141,7 +141,11 @@ class ApiClient:
         self.retried = 0
 
     def post(self, path: str, body: dict | None = None) -> requests.Response:
-        """POST with retries on connection errors and 502/503/504 (same body, same key)."""
+        """POST with retries on connection errors, timeouts and 502/503/504 (same body, same key).
+
+        A timed-out request may have been carried out: sending the same idempotency key again
+        returns what it made instead of making it twice.
+        """
         delay = 0.2
         for attempt in range(self.retries + 1):
             try:
@@ -150,7 +154,7 @@ class ApiClient:
                 )
                 if response.status_code not in (502, 503, 504) or attempt == self.retries:
                     return response
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
                 if attempt == self.retries:
                     raise
             self.retried += 1

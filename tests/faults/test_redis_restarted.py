@@ -1,0 +1,158 @@
+"""The broker restarts while one training run is running and another is queued.
+
+A real `celery worker` trains on a private redis-server (never the shared one). Redis is
+stopped and started again while run 1 is in the middle of training and run 2 waits in the
+queue behind it (concurrency 1, prefetch 1).
+
+- Durable broker (append-only file, as docker-compose.yml runs Redis): the queued message
+  survives the restart; the worker reconnects; run 1 (whose supervisor never needs the
+  broker) and then run 2 both succeed, once each (one attempt, one model version).
+- Volatile broker (no persistence: the restart loses every key): run 1 still succeeds once;
+  run 2's message is gone, so it stays queued until its task is sent again (as
+  `training_run_resume` does), and then it succeeds once. A message for a run that has
+  finished is a no-op.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kombu import Connection
+
+from tests.faults.support import CeleryWorker, RedisServer, wait_for
+from tests.training.test_runs_support import reward_config
+from training import services
+from training.models import ModelVersion, TrainingRun
+from training.tasks import run_training
+
+pytestmark = [pytest.mark.slow, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
+
+VISIBILITY_TIMEOUT = 10
+FINISHED = (TrainingRun.Status.SUCCEEDED, TrainingRun.Status.FAILED, TrainingRun.Status.CANCELLED)
+
+
+def _send(broker_url: str, queue: str, run: TrainingRun) -> None:
+    options = {"visibility_timeout": VISIBILITY_TIMEOUT}
+    with Connection(broker_url, transport_options=options) as broker:
+        run_training.apply_async(args=(run.pk,), queue=queue, connection=broker)
+
+
+def _create(model_dir, snapshot, steps: int) -> TrainingRun:
+    return services.training_run_create(
+        recipe="reward",
+        config=reward_config(model_dir, max_steps=steps, save_steps=max(10, steps // 5)),
+        dataset_path=snapshot,
+        enqueue=False,
+    )
+
+
+def _finished(run: TrainingRun, worker: CeleryWorker, timeout: float = 300) -> TrainingRun:
+    done = wait_for(
+        lambda: TrainingRun.objects.filter(pk=run.pk, status__in=FINISHED).first(),
+        timeout=timeout,
+        interval=0.5,
+        what=f"run {run.pk} to finish",
+    )
+    assert done.status == TrainingRun.Status.SUCCEEDED, done.error + worker.text()[-3000:]
+    return done
+
+
+def _start_run_and_queue_another(tiny_reward_dir, reward_snapshot, tmp_path, redis, queue):
+    """Return (worker, run 1 mid-training, run 2 still queued)."""
+    first = _create(tiny_reward_dir, reward_snapshot, steps=200)
+    second = _create(tiny_reward_dir, reward_snapshot, steps=20)
+    _send(redis.url, queue, first)
+    _send(redis.url, queue, second)
+    worker = CeleryWorker(
+        queue=queue,
+        broker_url=redis.url,
+        log_path=tmp_path / "worker.log",
+        name=f"w-{queue}",
+        visibility_timeout=VISIBILITY_TIMEOUT,
+        extra_env={"OMP_NUM_THREADS": "1"},
+    )
+    wait_for(
+        lambda: TrainingRun.objects.filter(
+            pk=first.pk, status=TrainingRun.Status.RUNNING, progress__gt=0
+        ).exists(),
+        timeout=180,
+        what="run 1 to be training",
+    )
+    second.refresh_from_db()
+    assert second.status == TrainingRun.Status.QUEUED
+    return worker, first, second
+
+
+def _assert_once(run: TrainingRun) -> None:
+    run.refresh_from_db()
+    assert run.status == TrainingRun.Status.SUCCEEDED
+    assert run.attempts == 1 and run.resumes == []
+    assert ModelVersion.objects.filter(training_run=run).count() == 1
+
+
+def test_durable_broker_restart_loses_no_run(
+    training_settings, tiny_reward_dir, reward_snapshot, tmp_path
+):
+    redis = RedisServer(tmp_path / "redis", durable=True)
+    queue = f"gpu-faults-{uuid.uuid4().hex[:8]}"
+    worker = None
+    try:
+        worker, first, second = _start_run_and_queue_another(
+            tiny_reward_dir, reward_snapshot, tmp_path, redis, queue
+        )
+        # when Redis stops (writing its append-only file) and comes back a few seconds later
+        redis.restart(down_for=3)
+        assert redis.client().llen(queue) + redis.client().hlen("unacked") >= 1
+
+        # then the worker reconnects, run 1 finishes, run 2 is still delivered and finishes
+        _finished(first, worker)
+        _finished(second, worker)
+        _assert_once(first)
+        _assert_once(second)
+        assert ModelVersion.objects.count() == 2
+        assert worker.process.poll() is None, "the worker survived the broker restart"
+    finally:
+        if worker is not None:
+            worker.stop()
+        redis.stop()
+
+
+def test_volatile_broker_restart_keeps_the_running_run_and_the_lost_one_can_be_resent(
+    training_settings, tiny_reward_dir, reward_snapshot, tmp_path
+):
+    redis = RedisServer(tmp_path / "redis", durable=False)
+    queue = f"gpu-faults-{uuid.uuid4().hex[:8]}"
+    worker = None
+    try:
+        worker, first, second = _start_run_and_queue_another(
+            tiny_reward_dir, reward_snapshot, tmp_path, redis, queue
+        )
+        # when Redis restarts and loses every message
+        redis.restart(down_for=3)
+        assert redis.client().llen(queue) == 0 and redis.client().hlen("unacked") == 0
+
+        # then the running run still finishes once: its supervisor never needed the broker
+        _finished(first, worker)
+        _assert_once(first)
+        second.refresh_from_db()
+        assert second.status == TrainingRun.Status.QUEUED  # its message was lost with Redis
+
+        # and re-sending the lost run (as a researcher's "resume" does) runs it once
+        with Connection(redis.url) as broker:
+            run_training.apply_async(args=(second.pk,), queue=queue, connection=broker)
+        _finished(second, worker)
+        _assert_once(second)
+        # a stale duplicate delivery of a finished run is a no-op
+        _send(redis.url, queue, first)
+        wait_for(
+            lambda: worker.text().count("succeeded in") >= 3,
+            timeout=120,
+            what="the duplicate message to be handled",
+        )
+        _assert_once(first)
+        assert ModelVersion.objects.count() == 2
+    finally:
+        if worker is not None:
+            worker.stop()
+        redis.stop()
