@@ -92,24 +92,44 @@ class LoopSettings:
         return asdict(self)
 
 
+# Tuned on the demo domain's ~0.13M-parameter policy (benchmarks/loop_bench.py): at the TRL
+# default lr (1e-6) or 5e-5 such a model does not move measurably; lr 2e-4 with beta 0.3
+# drops rude answers without the likelihood collapse (both log-probs falling, garbled
+# answers) that lr 5e-4 / beta 0.1 showed.
 DPO_DEFAULTS = {
-    "learning_rate": 5e-5,
-    "beta": 0.1,
+    "learning_rate": 2e-4,
+    "beta": 0.3,
     "num_train_epochs": 3,
-    "per_device_train_batch_size": 8,
+    "per_device_train_batch_size": 16,
     "max_length": 64,
-    "save_steps": 50,
-    "logging_steps": 5,
+    "save_steps": 200,
+    "logging_steps": 10,
 }
 REWARD_DEFAULTS = {
     "learning_rate": 1e-3,
     "num_train_epochs": 3,
     "per_device_train_batch_size": 16,
     "max_length": 64,
-    "save_steps": 50,
+    "save_steps": 200,
+    "logging_steps": 10,
+}
+# Tiny-model PPO (as benchmarks/ppo_bench.py): lr ~1e-4 scale, a faster critic, a standardised
+# reward-model score, and a KL target of 3 nats per answer reached within a round's updates.
+PPO_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 2e-4,
+    "value_learning_rate": 1e-3,
+    "max_steps": 30,
+    "rollout_batch_size": 64,
+    "per_device_train_batch_size": 16,
+    "kl_coef": 0.05,
+    "target_kl": 3.0,
+    "kl_horizon": 1000,
+    "normalize_score": True,
+    "max_new_tokens": 24,
+    "max_length": 64,
+    "save_steps": 200,
     "logging_steps": 5,
 }
-PPO_DEFAULTS: dict[str, Any] = {}
 
 
 @dataclass
@@ -346,6 +366,9 @@ def _dataset(round_: Round, settings: LoopSettings, key: str):
             name=key,
             policy={
                 "format": "trl",
+                # Candidates were sampled through the chat template (generate_candidates), so
+                # train on chat rows too: plain-text rows skip the template in DPO/RM/PPO.
+                "conversational": True,
                 "aggregation": settings.aggregation,
                 "sources": settings.sources,
                 "ties": "drop",

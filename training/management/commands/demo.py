@@ -44,8 +44,15 @@ class Command(BaseCommand):
             help="Loop iterations after round 1 (each trains and generates).",
         )
         parser.add_argument("--path", choices=["dpo", "rm_ppo"], default="dpo")
-        parser.add_argument("--prompts", type=int, default=48, help="Prompts per round.")
-        parser.add_argument("--sft-steps", type=int, default=300)
+        parser.add_argument("--prompts", type=int, default=256, help="Prompts per round.")
+        parser.add_argument("--sft-steps", type=int, default=1200)
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=1,
+            help="Torch threads here and in training subprocesses (1 is fastest for these tiny "
+            "models, many times faster on a busy machine).",
+        )
         parser.add_argument("--pool", default="careful:3,noisy:1,always_left:1,random:1")
         parser.add_argument(
             "--speedup",
@@ -64,6 +71,7 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
+        _limit_threads(opts["threads"])
         call_command("migrate", verbosity=0)
         admin_pw, annotator_pw = self._users()
         project = self._project()
@@ -166,6 +174,8 @@ class Command(BaseCommand):
         existing = ModelVersion.objects.filter(name="demo-sft").first()
         if existing is not None:
             return existing
+        from transformers import GPT2Config
+
         from training import services as training_services
         from training.trainers.tiny import build_tiny_causal_lm, train_tokenizer
 
@@ -174,20 +184,27 @@ class Command(BaseCommand):
         data = root / "sft-data"
         data.mkdir(parents=True, exist_ok=True)
         tokenizer = train_tokenizer(demo.tokenizer_training_texts(), vocab_size=512)
+        # 2 layers x 64 dims (~0.13M parameters) learns the answer table faster per second
+        # than wider or deeper models here; dropout off: it slowed learning and hurt held-out
+        # accuracy (0.19 -> 0.29 at 2,000 steps).
         build_tiny_causal_lm(
             tokenizer, base, n_layer=2, n_embd=64, n_head=4, n_positions=64, seed=seed
         )
+        config = GPT2Config.from_pretrained(str(base))
+        config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+        config.save_pretrained(str(base))
         with (data / "train.jsonl").open("w") as fh:
-            for row in demo.imperfect_sft_corpus(2000, seed=seed):
+            for row in demo.imperfect_sft_corpus(8000, seed=seed):
                 fh.write(json.dumps(row) + "\n")
         run = training_services.training_run_create(
             recipe="sft",
             config={
                 "max_steps": steps,
-                "learning_rate": 3e-3,
-                "per_device_train_batch_size": 32,
-                "logging_steps": 20,
-                "save_steps": 100,
+                "learning_rate": 4e-3,
+                "per_device_train_batch_size": 64,
+                "max_length": 64,
+                "logging_steps": 50,
+                "save_steps": 400,
                 "seed": seed,
             },
             dataset_path=str(data),
@@ -278,6 +295,14 @@ class Command(BaseCommand):
             f"Look at: {url}/ (annotate), {url}/admin/ (researchers), "
             f"{url}/api/docs/ (API); artefacts in {settings.ARTIFACT_ROOT}"
         )
+
+
+def _limit_threads(threads: int) -> None:
+    """Use ``threads`` torch threads here and in the training subprocesses this starts."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def argparse_bool():
