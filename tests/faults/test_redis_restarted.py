@@ -84,6 +84,12 @@ def _start_run_and_queue_another(tiny_reward_dir, reward_snapshot, tmp_path, red
     return worker, first, second
 
 
+def _assert_reconnected(worker: CeleryWorker) -> None:
+    log = worker.text()
+    lost = log.index("Connection to broker lost")
+    assert "Connected to redis://" in log[lost:], log[-3000:]
+
+
 def _assert_once(run: TrainingRun) -> None:
     run.refresh_from_db()
     assert run.status == TrainingRun.Status.SUCCEEDED
@@ -112,6 +118,7 @@ def test_durable_broker_restart_loses_no_run(
         _assert_once(second)
         assert ModelVersion.objects.count() == 2
         assert worker.process.poll() is None, "the worker survived the broker restart"
+        _assert_reconnected(worker)
     finally:
         if worker is not None:
             worker.stop()
@@ -135,6 +142,7 @@ def test_volatile_broker_restart_keeps_the_running_run_and_the_lost_one_can_be_r
         # then the running run still finishes once: its supervisor never needed the broker
         _finished(first, worker)
         _assert_once(first)
+        _assert_reconnected(worker)
         second.refresh_from_db()
         assert second.status == TrainingRun.Status.QUEUED  # its message was lost with Redis
 
