@@ -501,7 +501,9 @@ def _soak(args, seconds, n_items, db_name, work, common_env, queue, ports) -> in
         for proc in procs:
             proc.start()
         results = []
+        load: list[float] = []  # the host's 1-minute load average: other work skews latency
         while len(results) < len(procs):
+            load.append(os.getloadavg()[0])
             trainer.tick()
             while not results_queue.empty():
                 results.append(results_queue.get())
@@ -546,6 +548,9 @@ def _soak(args, seconds, n_items, db_name, work, common_env, queue, ports) -> in
         "submit_p95_ms": round(percentile([x for r in results for x in r["submit"]], 0.95), 1),
         "submit_p99_ms": round(percentile([x for r in results for x in r["submit"]], 0.99), 1),
         **trainer.summary(),
+        "host_cpus": os.cpu_count(),
+        "host_load_mean": round(sum(load) / max(len(load), 1), 1),
+        "host_load_max": round(max(load, default=0.0), 1),
     }
     errors = [e for r in results for e in r["errors"]][:10]
     width = max(len(k) for k in figures)
