@@ -569,6 +569,10 @@ def training_run_execute(
     except OSError as exc:
         reason = "Disk full" if exc.errno == errno.ENOSPC else "The artefact folder is not writable"
         return _record_failure(run.pk, claim.attempt, f"{reason}: {exc}", exit_code=None, tail="")
+    except ImproperlyConfiguredLauncher as exc:
+        return _record_failure(
+            run.pk, claim.attempt, f"Unknown launcher: {exc}", exit_code=None, tail=""
+        )
     with log:
         files.log_start = log.tell()
         header = f"=== attempt {claim.attempt} on {_this_host()}: {' '.join(command)}\n"
@@ -579,16 +583,25 @@ def training_run_execute(
             header += f"=== resuming from {claim.resume_from}\n"
         log.write(header.encode())
         log.flush()
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=str(settings.BASE_DIR),
-            env=_child_env(),
-            start_new_session=True,  # its own process group: cancel kills all of it
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-        )
+        try:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=str(settings.BASE_DIR),
+                env=_child_env(),
+                start_new_session=True,  # its own process group: cancel kills all of it
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        except OSError as exc:
+            return _record_failure(
+                run.pk,
+                claim.attempt,
+                f"Could not start the training process ({command[0]}): {exc}",
+                exit_code=None,
+                tail="",
+            )
     try:
         TrainingRun.objects.filter(pk=run.pk, attempts=claim.attempt).update(child_pid=process.pid)
         exit_code = _supervise(run.pk, claim.attempt, process, files, on_progress)

@@ -277,6 +277,21 @@ def test_full_disk_fails_the_run_clearly(training_settings, tiny_reward_dir, rew
     assert run.error.startswith("Disk full")
 
 
+@pytest.mark.django_db
+def test_a_launcher_that_cannot_start_fails_the_run_clearly(
+    training_settings, tiny_reward_dir, reward_snapshot
+):
+    training_settings.TRAINING_LAUNCHER = ["/nonexistent/python"]
+    run = services.training_run_execute(run_id=_create(tiny_reward_dir, reward_snapshot).pk)
+    assert run.status == TrainingRun.Status.FAILED
+    assert run.error.startswith("Could not start the training process (/nonexistent/python)")
+
+    training_settings.TRAINING_LAUNCHER = "deepspeed"
+    run = services.training_run_execute(run_id=_create(tiny_reward_dir, reward_snapshot).pk)
+    assert run.status == TrainingRun.Status.FAILED
+    assert run.error.startswith("Unknown launcher")
+
+
 def test_failure_messages_name_the_cause():
     message = services._failure_message
     assert message(1, "OSError: [Errno 28] No space left on device", "/o").startswith(
