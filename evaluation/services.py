@@ -12,6 +12,7 @@ a submit stays cheap.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -102,6 +103,7 @@ def quality_policy_update(*, project: Project, **fields) -> QualityPolicy:
         except ValidationError as exc:
             raise ServiceError(f"Invalid policy: {_messages(exc)}", code="policy") from None
         policy.save()
+    _schedules.pop(project.pk, None)
     return policy
 
 
@@ -421,6 +423,29 @@ def qc_check_project(
     return result
 
 
+_SCHEDULE_TTL = 30.0  # seconds a process trusts its copy of a project's QC schedule
+_schedules: dict[int, tuple[float, bool, int]] = {}
+
+
+def _qc_schedule(project_id: int) -> tuple[bool, int]:
+    """Return (enabled, check every N) for a project, cached briefly: it is read per submit."""
+    now = time.monotonic()
+    cached = _schedules.get(project_id)
+    if cached is not None and cached[0] > now:
+        return cached[1], cached[2]
+    row = (
+        QualityPolicy.objects.filter(project_id=project_id)
+        .values_list("enabled", "check_every_n_judgments")
+        .first()
+    )
+    enabled, every = row or (
+        QualityPolicy._meta.get_field("enabled").default,
+        QualityPolicy._meta.get_field("check_every_n_judgments").default,
+    )
+    _schedules[project_id] = (now + _SCHEDULE_TTL, enabled, every)
+    return enabled, every
+
+
 def qc_after_submit(
     *, project_id: int, annotator_id: int, judgment_count: int | None = None
 ) -> bool:
@@ -436,15 +461,7 @@ def qc_after_submit(
     judgments, one broker message. A broker error is logged, never raised: QC must not fail
     a submit.
     """
-    row = (
-        QualityPolicy.objects.filter(project_id=project_id)
-        .values_list("enabled", "check_every_n_judgments")
-        .first()
-    )
-    enabled, every = row or (
-        QualityPolicy._meta.get_field("enabled").default,
-        QualityPolicy._meta.get_field("check_every_n_judgments").default,
-    )
+    enabled, every = _qc_schedule(project_id)
     if not enabled:
         return False
     if judgment_count is None:
