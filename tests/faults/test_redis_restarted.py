@@ -60,7 +60,7 @@ def _finished(run: TrainingRun, worker: CeleryWorker, timeout: float = 300) -> T
 
 def _start_run_and_queue_another(tiny_reward_dir, reward_snapshot, tmp_path, redis, queue):
     """Return (worker, run 1 mid-training, run 2 still queued)."""
-    first = _create(tiny_reward_dir, reward_snapshot, steps=200)
+    first = _create(tiny_reward_dir, reward_snapshot, steps=600)
     second = _create(tiny_reward_dir, reward_snapshot, steps=20)
     _send(redis.url, queue, first)
     _send(redis.url, queue, second)
@@ -82,6 +82,11 @@ def _start_run_and_queue_another(tiny_reward_dir, reward_snapshot, tmp_path, red
     second.refresh_from_db()
     assert second.status == TrainingRun.Status.QUEUED
     return worker, first, second
+
+
+def _assert_running_through_the_outage(run: TrainingRun) -> None:
+    run.refresh_from_db()
+    assert run.status == TrainingRun.Status.RUNNING and run.progress < 1.0
 
 
 def _assert_reconnected(worker: CeleryWorker) -> None:
@@ -110,6 +115,7 @@ def test_durable_broker_restart_loses_no_run(
         # when Redis stops (writing its append-only file) and comes back a few seconds later
         redis.restart(down_for=3)
         assert redis.client().llen(queue) + redis.client().hlen("unacked") >= 1
+        _assert_running_through_the_outage(first)
 
         # then the worker reconnects, run 1 finishes, run 2 is still delivered and finishes
         _finished(first, worker)
@@ -138,11 +144,11 @@ def test_volatile_broker_restart_keeps_the_running_run_and_the_lost_one_can_be_r
         # when Redis restarts and loses every message
         redis.restart(down_for=3)
         assert redis.client().llen(queue) == 0 and redis.client().hlen("unacked") == 0
+        _assert_running_through_the_outage(first)
 
         # then the running run still finishes once: its supervisor never needed the broker
         _finished(first, worker)
         _assert_once(first)
-        _assert_reconnected(worker)
         second.refresh_from_db()
         assert second.status == TrainingRun.Status.QUEUED  # its message was lost with Redis
 
@@ -151,6 +157,7 @@ def test_volatile_broker_restart_keeps_the_running_run_and_the_lost_one_can_be_r
             run_training.apply_async(args=(second.pk,), queue=queue, connection=broker)
         _finished(second, worker)
         _assert_once(second)
+        _assert_reconnected(worker)
         # a stale duplicate delivery of a finished run is a no-op
         _send(redis.url, queue, first)
         wait_for(
