@@ -139,6 +139,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# A run whose worker died is taken over within a minute, not after the visibility timeout.
+CELERY_BEAT_SCHEDULE = {
+    "requeue-stale-training-runs": {"task": "training.tasks.requeue_stale_runs", "schedule": 60.0},
+}
 CELERY_TIMEZONE = TIME_ZONE
 
 LOGGING = {
