@@ -198,7 +198,11 @@ class Scorer:
             for p, ts in zip(self.prompts, texts, strict=True)
             for t in ts
         ]
-        rude = [any(w in t.lower() for w in demo.RUDE_WORDS) for ts in texts for t in ts]
+        rude = [
+            bool(set(re.findall(r"[a-z]+", t.lower())) & set(demo.RUDE_WORDS))
+            for ts in texts
+            for t in ts
+        ]
         polite = [t.startswith(demo.POLITE_OPENERS) for ts in texts for t in ts]
         result = {
             "per_prompt": rewards.mean(axis=1).tolist(),
@@ -267,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from training.trainers.common import set_quiet_offline_env
+
+    set_quiet_offline_env()
     torch.set_num_threads(args.threads)
     scorer = Scorer(args.eval_samples, args.eval_temperature, args.seed)
     results: dict = {
@@ -302,22 +309,27 @@ def print_path(path: str, result: dict, args) -> None:
         "(95% CI: bootstrap over questions)"
     )
     print(
-        f"{'after round':>11} {'policy':24} {'reward':>7} {'CI95':>17} {'vs SFT':>7} "
-        f"{'paired CI95':>17} {'acc':>5} {'rude':>5} {'polite':>6}"
+        f"{'after round':>11} {'policy':12} {'reward':>7} {'CI95':>17} {'vs SFT':>7} "
+        f"{'paired CI95':>17} {'acc':>5} {'rude':>5} {'polite':>6} {'loop eval':>9}"
     )
     for row in result["rows"]:
         low, high = row["ci95"]
         d_low, d_high = row["diff_ci95"]
+        loop_eval = row["loop_eval"].get("true_reward")
         print(
-            f"{row['after_round']:>11} {row['name'][:24]:24} {row['true_reward']:+7.3f} "
+            f"{row['after_round']:>11} {row['name'][:12]:12} {row['true_reward']:+7.3f} "
             f"[{low:+.3f}, {high:+.3f}] {row['diff_vs_sft']:+7.3f} [{d_low:+.3f}, {d_high:+.3f}] "
-            f"{row['accuracy']:5.2f} {row['rude']:5.2f} {row['polite']:6.2f}"
+            f"{row['accuracy']:5.2f} {row['rude']:5.2f} {row['polite']:6.2f} "
+            + (f"{loop_eval:+9.3f}" if loop_eval is not None else f"{'-':>9}")
         )
+    print("  (loop eval: the loop's own score, 2 answers per question, stored on the version)")
     print("  examples: " + " | ".join(row["example"] for row in result["rows"]))
-    print(
-        "  time per stage (s): " + ", ".join(f"{k} {v:.0f}" for k, v in result["timings_s"].items())
+    # SFT and round 1 come from base/ (reused here, so the demo printed ~0 s for them).
+    stages = {k: v for k, v in result["timings_s"].items() if k not in ("sft", "generate_r1")}
+    print("  time per stage (s): " + ", ".join(f"{k} {v:.0f}" for k, v in stages.items()))
+    runs = ", ".join(
+        f"{k} {v:.0f}" for k, v in result["training_run_s"].items() if v and k != "demo-sft"
     )
-    runs = ", ".join(f"{k} {v:.0f}" for k, v in result["training_run_s"].items() if v)
     print(f"  training runs (s): {runs}")
 
 
