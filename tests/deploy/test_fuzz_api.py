@@ -1,11 +1,12 @@
 """Fuzzed API payloads: every operation in the OpenAPI schema answers a bad request with a 4xx.
 
 Schemathesis reads the OpenAPI schema (drf-spectacular's generator, as /api/schema/ serves
-it) and generates requests for each operation, both conforming ones and ones that break the schema (wrong types, missing
-fields, out-of-range numbers, odd strings). Path parameters mostly point at real rows of a
-small world (a project with items, a live lease, a dataset, a run, a model) so that
-requests get past the 404 and reach validation. Requests are sent in-process to the WSGI
-application as a staff researcher (who may call every operation). Checked for each request:
+it) and generates requests for each operation, both conforming ones and ones that break
+the schema (wrong types, missing fields, out-of-range numbers, odd strings). Path
+parameters mostly point at real rows of a small world (a project with items, a live lease,
+a dataset, a run, a model) so that requests get past the 404 and reach validation. Requests
+are sent in-process to the WSGI application as a staff researcher (who may call every
+operation). Checked for each request:
 - the answer is never a 5xx;
 - a 4xx carries a JSON object saying what is wrong (`detail`, or per-field messages);
 - a 4xx wrote nothing: the row count of every table of the project's apps is unchanged.
