@@ -18,16 +18,16 @@ HTTP, ``training.loop.loop_advance``), on a fresh private SQLite database and ar
 Results are printed and written to ``<out>/results.json``; each demo's output is in
 ``<out>/<stage>/demo.log``.
 
-Reference run (``--path both``, defaults, seed 0; 2 CPU cores, load 1-5; 0.13M-parameter
+Reference run (``--path both``, defaults, seed 0; 2 CPU cores, load 0-2; 0.13M-parameter
 GPT-2, 256 prompts a round, 16 answers per held-out question). True reward on the 30
 held-out questions [95% CI], and round-3 policy minus SFT paired per question:
-SFT -0.714 [-0.847, -0.549], accuracy 0.24, rude 0.36.
-DPO rounds 1-3: -0.513, -0.371, -0.367 [-0.564, -0.158]; gain +0.347 [+0.191, +0.504]
-(accuracy 0.32, rude 0.00). RM + PPO rounds 1-3: -0.338, -0.319, -0.417 [-0.648, -0.154];
-gain +0.297 [+0.067, +0.550] (accuracy 0.25, rude 0.00, polite 1.00: the reward model
-learns style, not arithmetic). Seconds: SFT 53, round-1 generation 1; per round, labels
-11-13, then export + train + evaluate + generate 9-11 (DPO) or 25-27 (RM + PPO). Under load
-8-22 the same stages took SFT 183, labels 58-153, DPO round 11-35, RM + PPO round 58-138.
+SFT -0.596 [-0.764, -0.396], accuracy 0.29, rude 0.35.
+DPO rounds 1-3: -0.453, -0.360, -0.299 [-0.520, -0.048]; gain +0.297 [+0.161, +0.445]
+(accuracy 0.35, rude 0.01). RM + PPO rounds 1-3: -0.270, -0.311, -0.321 [-0.469, -0.156];
+gain +0.275 [+0.066, +0.477] (accuracy 0.24, rude 0.00, polite 1.00: the reward model
+learns style, not arithmetic). Seconds: SFT 49, round-1 generation 1; per round, labels
+10-14, then export + train + evaluate + generate 9-10 (DPO) or 23-26 (RM + PPO). Under load
+8-22 the same stages took SFT 155-183, labels 58-153, DPO round 11-35, RM + PPO round 58-138.
 Labelling order varies between runs (annotators race), so round figures vary by ~0.1.
 """
 
