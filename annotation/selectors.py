@@ -1,13 +1,19 @@
 """Read-side queries: what a caller may see, and the blind payload served to annotators."""
 
+import functools
+
+from django.db import connection
 from django.db.models import Count, Q, QuerySet, Sum
 
 from annotation.models import (
     Assignment,
+    Candidate,
+    Item,
     ItemCandidate,
     Judgment,
     Membership,
     Project,
+    Prompt,
     Round,
     TaskKind,
 )
@@ -71,26 +77,37 @@ def project_options(project: Project) -> dict:
 
 def assignment_payload(*, assignment: Assignment) -> dict:
     """Return what an annotator sees for an assignment: no model, checkpoint, gold or kind."""
-    slots = list(
-        ItemCandidate.objects.filter(item_id=assignment.item_id)
-        .select_related("candidate", "item__prompt")
-        .only("position", "candidate__text", "item__prompt__text", "item__prompt__messages")
-    )
-    by_position = {slot.position: slot.candidate.text for slot in slots}
-    prompt = slots[0].item.prompt if slots else None
+    with connection.cursor() as cursor:
+        cursor.execute(_payload_sql(), [assignment.item_id])
+        rows = cursor.fetchall()
+    by_position = {position: text for position, text, _, _ in rows}
+    prompt_text, messages = (rows[0][2], rows[0][3]) if rows else ("", None)
+    if messages is not None:
+        messages = Prompt._meta.get_field("messages").from_db_value(messages, None, connection)
     return {
         "assignment_id": assignment.pk,
         "project_id": assignment.project_id,
         "lease_expires": assignment.lease_expires.isoformat(),
-        "prompt": {
-            "text": prompt.text if prompt else "",
-            "messages": prompt.messages if prompt else None,
-        },
+        "prompt": {"text": prompt_text, "messages": messages},
         "candidates": [
             {"slot": SLOT_LABELS[i], "text": by_position[position]}
             for i, position in enumerate(assignment.display_order)
         ],
     }
+
+
+@functools.cache
+def _payload_sql() -> str:
+    # Served on every `next`: written out once (see annotation/sql.py), and it selects
+    # only what an annotator may see.
+    return (
+        f'SELECT ic."position", c."text", p."text", p."messages" '
+        f'FROM "{ItemCandidate._meta.db_table}" ic '
+        f'JOIN "{Candidate._meta.db_table}" c ON c."id" = ic."candidate_id" '
+        f'JOIN "{Item._meta.db_table}" i ON i."id" = ic."item_id" '
+        f'JOIN "{Prompt._meta.db_table}" p ON p."id" = i."prompt_id" '
+        f'WHERE ic."item_id" = %s'
+    )
 
 
 def project_progress(*, project: Project, user) -> dict:

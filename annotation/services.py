@@ -8,14 +8,16 @@ Serving is correct under concurrency on PostgreSQL:
 - every other path that changes `n_taken` (expiry, skip) locks the item row too.
 """
 
+import functools
 import random
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from annotation import sql
 from annotation.models import (
     Assignment,
     Choice,
@@ -72,14 +74,23 @@ class SubmitResult:
 
 
 def _membership_for_update(*, project_id: int, user) -> Membership:
-    try:
-        return (
-            Membership.objects.select_for_update(of=("self",))
-            .select_related("project")
-            .get(project_id=project_id, user=user)
-        )
-    except Membership.DoesNotExist:
-        raise NotFound("No such project.") from None
+    found = sql.fetch_one(
+        _membership_sql(connection.vendor), [project_id, user.pk], Membership, Project
+    )
+    if found is None:
+        raise NotFound("No such project.")
+    membership, membership.project = found
+    return membership
+
+
+@functools.cache
+def _membership_sql(vendor: str) -> str:
+    return (
+        f"SELECT {sql.columns(Membership, 'm')}, {sql.columns(Project, 'p')} "
+        f'FROM "{Membership._meta.db_table}" m JOIN "{Project._meta.db_table}" p '
+        f'ON p."id" = m."project_id" WHERE m."project_id" = %s AND m."user_id" = %s'
+        f"{sql.lock(vendor, 'm')}"
+    )
 
 
 def leases_expire(*, project_id: int, now=None) -> int:
@@ -118,27 +129,49 @@ def _display_order(k: int, rng: random.Random) -> list[int]:
 
 
 def _claim_primary(*, project: Project, user) -> Item | None:
-    seen = (
-        Assignment.objects.filter(item=OuterRef("pk"), annotator=user)
-        .exclude(status=Assignment.Status.EXPIRED)
-        .exclude(kind=Assignment.Kind.REPEAT)
+    """Claim the least-served open item this annotator has not had, and count it taken.
+
+    One statement, the hottest of the serving path: the subquery picks and locks the row
+    (`FOR UPDATE ... SKIP LOCKED` re-checks `n_taken < overlap` on the newest row version,
+    so a row a concurrent claim filled is passed over) and the outer UPDATE bumps it.
+    """
+    item_id = sql.fetch_value(
+        _claim_primary_sql(connection.vendor),
+        [
+            project.pk,
+            Round.Status.OPEN,
+            project.overlap,
+            user.pk,
+            Assignment.Status.EXPIRED,
+            Assignment.Kind.REPEAT,
+        ],
     )
-    item = (
-        Item.objects.select_for_update(skip_locked=True, of=("self",))
-        .filter(
-            project=project,
-            is_gold=False,
-            round__status=Round.Status.OPEN,
-            n_taken__lt=project.overlap,
+    return None if item_id is None else Item(pk=item_id)
+
+
+@functools.cache
+def _claim_primary_sql(vendor: str) -> str:
+    items, rounds = Item._meta.db_table, Round._meta.db_table
+    assignments = Assignment._meta.db_table
+    # SQLite (the single-user demo default) has no row locks: it serialises writers.
+    lock = "FOR UPDATE OF i SKIP LOCKED" if vendor == "postgresql" else ""
+    return f"""
+        UPDATE "{items}" SET "n_taken" = "n_taken" + 1
+        WHERE "id" = (
+            SELECT i."id" FROM "{items}" i JOIN "{rounds}" r ON r."id" = i."round_id"
+            WHERE i."project_id" = %s AND NOT i."is_gold"
+              AND r."status" = %s AND i."n_taken" < %s
+              AND NOT EXISTS (
+                  SELECT 1 FROM "{assignments}" a
+                  WHERE a."item_id" = i."id" AND a."annotator_id" = %s
+                    AND a."status" <> %s AND a."kind" <> %s
+              )
+            ORDER BY i."n_taken", i."id"
+            LIMIT 1
+            {lock}
         )
-        .filter(~Exists(seen))
-        .order_by("n_taken", "id")
-        .only("id")
-        .first()
-    )
-    if item is not None:
-        Item.objects.filter(pk=item.pk).update(n_taken=F("n_taken") + 1)
-    return item
+        RETURNING "id"
+    """
 
 
 def _claim_gold(*, project: Project, user, rng: random.Random) -> Item | None:
@@ -194,11 +227,7 @@ def assignment_next(
     now = timezone.now()
     lease_until = now + timedelta(seconds=project.lease_seconds)
 
-    live = (
-        Assignment.objects.filter(project=project, annotator=user, status=Assignment.Status.LEASED)
-        .order_by("-id")
-        .first()
-    )
+    live = _live_assignment(project_id=project.pk, user=user)
     if live is not None:
         if live.lease_expires >= now:
             live.lease_expires = lease_until
@@ -238,14 +267,38 @@ def assignment_next(
 
 
 def _assignment_for_update(*, assignment_id: int, user) -> Assignment:
-    try:
-        return (
-            Assignment.objects.select_for_update(of=("self",))
-            .select_related("project")
-            .get(pk=assignment_id, annotator=user)
-        )
-    except Assignment.DoesNotExist:
-        raise NotFound("No such assignment.") from None
+    found = sql.fetch_one(
+        _assignment_sql(connection.vendor), [assignment_id, user.pk], Assignment, Project
+    )
+    if found is None:
+        raise NotFound("No such assignment.")
+    assignment, assignment.project = found
+    return assignment
+
+
+@functools.cache
+def _assignment_sql(vendor: str) -> str:
+    return (
+        f"SELECT {sql.columns(Assignment, 'a')}, {sql.columns(Project, 'p')} "
+        f'FROM "{Assignment._meta.db_table}" a JOIN "{Project._meta.db_table}" p '
+        f'ON p."id" = a."project_id" WHERE a."id" = %s AND a."annotator_id" = %s'
+        f"{sql.lock(vendor, 'a')}"
+    )
+
+
+def _live_assignment(*, project_id: int, user) -> Assignment | None:
+    """The annotator's leased assignment in a project (at most one: a DB constraint)."""
+    found = sql.fetch_one(_live_sql(), [project_id, user.pk, Assignment.Status.LEASED], Assignment)
+    return found[0] if found else None
+
+
+@functools.cache
+def _live_sql() -> str:
+    return (
+        f'SELECT {sql.columns(Assignment, "a")} FROM "{Assignment._meta.db_table}" a '
+        f'WHERE a."project_id" = %s AND a."annotator_id" = %s AND a."status" = %s '
+        f'ORDER BY a."id" DESC LIMIT 1'
+    )
 
 
 def _assignment_expire(assignment: Assignment, now) -> None:
@@ -314,10 +367,6 @@ def judgment_submit(
     """Record a judgment for a live assignment; a retry with the same key returns the first."""
     if source is None:
         source = label_source_for(user=user)
-    if idempotency_key:
-        previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
-        if previous is not None:
-            return SubmitResult(previous, replayed=True)
     try:
         with transaction.atomic():
             return _judgment_submit_locked(
@@ -332,13 +381,25 @@ def judgment_submit(
                 time_spent_ms=time_spent_ms,
                 source=source,
             )
+    except _AlreadySubmitted:
+        # The usual retry: the first submit went through. The same key gets its judgment.
+        if idempotency_key:
+            previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
+            if previous is not None:
+                return SubmitResult(previous, replayed=True)
+        raise Conflict("This assignment was already submitted.", code="already_submitted") from None
     except IntegrityError:
-        # A concurrent retry with the same key won the race; answer with its judgment.
+        # A concurrent retry with the same key won the race, or the key was used for
+        # another assignment; answer with the first judgment, or say so.
         if idempotency_key:
             previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
             if previous is not None:
                 return SubmitResult(previous, replayed=True)
         raise
+
+
+class _AlreadySubmitted(Exception):
+    """Raised inside the submit transaction; answered outside it (replay or 409)."""
 
 
 def _judgment_by_key(*, user, key: str, assignment_id: int) -> Judgment | None:
@@ -365,7 +426,7 @@ def _judgment_submit_locked(
     project = assignment.project
     now = timezone.now()
     if assignment.status == Assignment.Status.SUBMITTED:
-        raise Conflict("This assignment was already submitted.", code="already_submitted")
+        raise _AlreadySubmitted
     _expire_if_overdue(assignment, now)
     if assignment.status == Assignment.Status.EXPIRED:
         raise Conflict(
@@ -486,9 +547,17 @@ def assignment_heartbeat(*, assignment_id: int, user) -> Assignment:
 
 def label_source_for(*, user) -> str:
     """Return the label source of a user's judgments: human unless a machine account."""
+    known = getattr(user, "_prefloop_label_source", None)
+    if known is not None:
+        return known
     group = user.groups.filter(name__in=list(SOURCE_GROUPS)).values_list("name", flat=True)
-    name = group.first()
-    return SOURCE_GROUPS[name] if name else LabelSource.HUMAN
+    return user_label_source_remember(user=user, group=group.first())
+
+
+def user_label_source_remember(*, user, group: str | None) -> str:
+    """Note on this request's user object which label source its machine group gives."""
+    user._prefloop_label_source = SOURCE_GROUPS[group] if group else LabelSource.HUMAN
+    return user._prefloop_label_source
 
 
 def simulated_annotator_ensure(

@@ -91,7 +91,7 @@ ARTIFACT_ROOT = env.path("PREFLOOP_ARTIFACT_ROOT", default=BASE_DIR / "var" / "a
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "annotation.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -149,6 +149,8 @@ def test_submit_is_idempotent_by_key():
     b = services.assignment_next(project_id=project.pk, user=user)
     with pytest.raises(services.Conflict, match="another assignment"):
         services.judgment_submit(assignment_id=b.pk, user=user, choice="A", idempotency_key="k1")
+    b.refresh_from_db()
+    assert b.status == Assignment.Status.LEASED and Judgment.objects.count() == 1
     with pytest.raises(services.Conflict, match="already submitted"):
         services.judgment_submit(assignment_id=a.pk, user=user, choice="A", idempotency_key="k2")
 
