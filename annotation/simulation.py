@@ -119,6 +119,40 @@ def decide(
     return {"choice": "A" if rng.random() < p_a else "B"}
 
 
+# A judge sees the served payload and the project's options and returns a submit body.
+Judge = Callable[[dict, dict], dict]
+# Scores every answer to a prompt at once; the prompt is the chat messages when there are
+# some, else the text.
+BatchScoreFn = Callable[[str | list, list[str]], list[float]]
+
+
+def model_judge(scores: BatchScoreFn, *, tie_margin: float = 0.0) -> Judge:
+    """Return a judge that answers as a scoring model would: the higher score wins.
+
+    Pairwise: A or B by score, "tie" (when allowed) only within `tie_margin`; rankings:
+    dense ranks by score, equal scores tied when ties are allowed. No noise, no position bias.
+    """
+
+    def judge(payload: dict, options: dict) -> dict:
+        prompt = payload["prompt"].get("messages") or payload["prompt"]["text"]
+        values = scores(prompt, [c["text"] for c in payload["candidates"]])
+        if options["task_kind"] == "ranking":
+            distinct = sorted(set(values), reverse=True)
+            if len(distinct) == len(values) or options.get("allow_tied_ranks"):
+                return {"ranking": [distinct.index(v) + 1 for v in values]}
+            order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+            ranks = [0] * len(values)
+            for rank, slot in enumerate(order, start=1):
+                ranks[slot] = rank
+            return {"ranking": ranks}
+        difference = values[0] - values[1]
+        if "tie" in options["choices"] and abs(difference) <= tie_margin:
+            return {"choice": "tie"}
+        return {"choice": "A" if difference > 0 else "B"}
+
+    return judge
+
+
 @dataclass
 class AnnotatorStats:
     name: str
@@ -189,8 +223,13 @@ def run_annotator(
     speedup: float = 0.0,
     seed: int = 0,
     stop: threading.Event | None = None,
+    judge: Judge | None = None,
 ) -> AnnotatorStats:
-    """Label items until the project has none left for this annotator (or max_items)."""
+    """Label items until the project has none left for this annotator (or max_items).
+
+    `judge` replaces the simulated person (profile and score) with, e.g., a reward model
+    (`model_judge`); the profile still sets the reported time on task.
+    """
     rng = random.Random(seed)
     api = ApiClient(base_url, token)
     stats = AnnotatorStats(name=name, behaviour=profile.behaviour)
@@ -200,6 +239,7 @@ def run_annotator(
         "choices": ["A", "B"]
         + (["tie"] if project["allow_tie"] else [])
         + (["both_bad"] if project["allow_both_bad"] else []),
+        "allow_tied_ranks": project["allow_tie"],
     }
     while max_items is None or stats.submitted < max_items:
         if stop is not None and stop.is_set():
@@ -214,7 +254,10 @@ def run_annotator(
             stats.errors.append(f"next: HTTP {r.status_code}")
             break
         payload = r.json()
-        body = decide(payload, options, profile, score, rng)
+        if judge is not None:
+            body = judge(payload, options)
+        else:
+            body = decide(payload, options, profile, score, rng)
         spent = max(0.3, rng.gauss(profile.seconds_per_item, profile.seconds_per_item / 4))
         if speedup > 0:
             time.sleep(spent / speedup)
@@ -241,9 +284,14 @@ def run_pool(
     max_items: int | None = None,
     speedup: float = 0.0,
     seed: int = 0,
+    judges: dict[str, Judge] | None = None,
 ) -> list[AnnotatorStats]:
-    """Run (name, token, profile) annotators in parallel threads; return their stats."""
+    """Run (name, token, profile) annotators in parallel threads; return their stats.
+
+    `judges` maps an annotator's name to a judge that decides for it (see `model_judge`).
+    """
     results: list[AnnotatorStats | None] = [None] * len(annotators)
+    judges = judges or {}
 
     def work(i: int, name: str, token: str, profile: Profile) -> None:
         try:
@@ -257,6 +305,7 @@ def run_pool(
                 max_items=max_items,
                 speedup=speedup,
                 seed=seed * 1000 + i,
+                judge=judges.get(name),
             )
         except Exception as exc:  # a thread must report, not vanish
             results[i] = AnnotatorStats(name=name, behaviour=profile.behaviour, errors=[repr(exc)])

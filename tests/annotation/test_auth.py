@@ -81,9 +81,8 @@ def test_query_budget_with_token_authentication():
     with CaptureQueriesContext(connection) as next_queries:
         aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     with CaptureQueriesContext(connection) as submit_queries:
-        response = client.post(
-            f"/api/assignments/{aid}/submit/", {"choice": "A", "idempotency_key": "q"}, format="json"
-        )
+        body = {"choice": "A", "idempotency_key": "q"}
+        response = client.post(f"/api/assignments/{aid}/submit/", body, format="json")
     assert response.status_code == 201
     assert len(_statements(next_queries)) <= 7, _statements(next_queries)
     assert len(_statements(submit_queries)) <= 6, _statements(submit_queries)
