@@ -74,22 +74,31 @@ class SubmitResult:
 
 
 def _membership_for_update(*, project_id: int, user) -> Membership:
-    found = sql.fetch_one(
-        _membership_sql(connection.vendor), [project_id, user.pk], Membership, Project
+    membership = _locked_with_project(
+        Membership, where='x."project_id" = %s AND x."user_id" = %s', params=[project_id, user.pk]
     )
-    if found is None:
+    if membership is None:
         raise NotFound("No such project.")
-    membership, membership.project = found
     return membership
 
 
+def _locked_with_project(model, *, where: str, params: list):
+    """Lock the one row of `model` (aliased `x`) matching `where`; return it with its project."""
+    found = sql.fetch_one(
+        _locked_with_project_sql(model, where, connection.vendor), params, model, Project
+    )
+    if found is None:
+        return None
+    row, row.project = found
+    return row
+
+
 @functools.cache
-def _membership_sql(vendor: str) -> str:
+def _locked_with_project_sql(model, where: str, vendor: str) -> str:
     return (
-        f"SELECT {sql.columns(Membership, 'm')}, {sql.columns(Project, 'p')} "
-        f'FROM "{Membership._meta.db_table}" m JOIN "{Project._meta.db_table}" p '
-        f'ON p."id" = m."project_id" WHERE m."project_id" = %s AND m."user_id" = %s'
-        f"{sql.lock(vendor, 'm')}"
+        f"SELECT {sql.columns(model, 'x')}, {sql.columns(Project, 'p')} "
+        f'FROM "{model._meta.db_table}" x JOIN "{Project._meta.db_table}" p '
+        f'ON p."id" = x."project_id" WHERE {where}{sql.lock(vendor, "x")}'
     )
 
 
@@ -267,23 +276,12 @@ def assignment_next(
 
 
 def _assignment_for_update(*, assignment_id: int, user) -> Assignment:
-    found = sql.fetch_one(
-        _assignment_sql(connection.vendor), [assignment_id, user.pk], Assignment, Project
+    assignment = _locked_with_project(
+        Assignment, where='x."id" = %s AND x."annotator_id" = %s', params=[assignment_id, user.pk]
     )
-    if found is None:
+    if assignment is None:
         raise NotFound("No such assignment.")
-    assignment, assignment.project = found
     return assignment
-
-
-@functools.cache
-def _assignment_sql(vendor: str) -> str:
-    return (
-        f"SELECT {sql.columns(Assignment, 'a')}, {sql.columns(Project, 'p')} "
-        f'FROM "{Assignment._meta.db_table}" a JOIN "{Project._meta.db_table}" p '
-        f'ON p."id" = a."project_id" WHERE a."id" = %s AND a."annotator_id" = %s'
-        f"{sql.lock(vendor, 'a')}"
-    )
 
 
 def _live_assignment(*, project_id: int, user) -> Assignment | None:

@@ -57,6 +57,10 @@ def _prompt_of(item: Item):
     return item.prompt.messages or item.prompt.text
 
 
+def _simulate(project: Project, url: str, *args: str) -> None:
+    call_command("simulate", "--project", str(project.pk), "--url", url, *args)
+
+
 def _canonical_scores(path, item: Item) -> list[float]:
     texts = [s.candidate.text for s in item.slots.order_by("position")]
     return reward_scores(path, _prompt_of(item), texts)
@@ -65,16 +69,8 @@ def _canonical_scores(path, item: Item) -> list[float]:
 def test_reward_model_labels_pairs_through_the_api_as_ai(live_server, tiny_reward_dir):
     project = _project()
     version = _reward_version(tiny_reward_dir)
-    call_command(
-        "simulate",
-        "--project",
-        str(project.pk),
-        "--url",
-        live_server.url,
-        "--pool",
-        "careful:1",
-        "--ai-model-version",
-        str(version.pk),
+    _simulate(
+        project, live_server.url, "--pool", "careful:1", "--ai-model-version", str(version.pk)
     )
     ai = Judgment.objects.filter(annotator__username=f"ai-rm-{version.pk}")
     assert ai.count() == len(QUESTIONS)
@@ -108,17 +104,7 @@ def test_reward_model_labels_pairs_through_the_api_as_ai(live_server, tiny_rewar
 def test_reward_model_ranks_k_candidates_by_score(live_server, tiny_reward_dir):
     project = _project("ranking")
     version = _reward_version(tiny_reward_dir)
-    call_command(
-        "simulate",
-        "--project",
-        str(project.pk),
-        "--url",
-        live_server.url,
-        "--pool",
-        "",
-        "--ai-model-version",
-        str(version.pk),
-    )
+    _simulate(project, live_server.url, "--pool", "", "--ai-model-version", str(version.pk))
     judgments = Judgment.objects.filter(source="ai").select_related("item__prompt")
     assert judgments.count() == len(QUESTIONS)
     compared = 0
