@@ -21,19 +21,31 @@ import json
 import logging
 import random
 from dataclasses import asdict, dataclass, field
+from itertools import combinations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q
 
 from annotation import services as annotation_services
 from annotation.importers import ImportFailed, items_import, normalise
-from annotation.models import Item, Judgment, LabelSource, Project, Round
+from annotation.models import (
+    Item,
+    ItemCandidate,
+    Judgment,
+    LabelSource,
+    Project,
+    Prompt,
+    Round,
+)
 from training.generation import GenerationSettings, generate_candidates
 from training.models import ModelVersion, TrainingRun
 
 logger = logging.getLogger(__name__)
 LOOP_TASK = "training.loop_tasks.loop_tick"
+
+
+HARD_MINING_MODES = ("", "disagreement", "rm_margin", "rm_disagreement", "human_rm")
 
 
 @dataclass
@@ -47,7 +59,13 @@ class LoopSettings:
         default="demo", metadata={"help": "'demo' (generated demo prompts) or 'pool' (project)."}
     )
     hard_mining: str = field(
-        default="", metadata={"help": "'' | 'disagreement' | 'rm_margin' (needs a reward model)."}
+        default="",
+        metadata={
+            "help": "Hard-example mining: '' (none) | 'disagreement' (split labels) | "
+            "'rm_margin' (small reward-model margin) | 'rm_disagreement' (the two newest "
+            "reward models order answers differently) | 'human_rm' (humans vs the newest "
+            "reward model)."
+        },
     )
     random_share: float = field(
         default=0.5, metadata={"help": "Share of prompts always drawn at random when mining."}
@@ -86,6 +104,11 @@ class LoopSettings:
         settings = cls(**values)
         if settings.path not in ("dpo", "rm_ppo"):
             raise ValueError("path must be 'dpo' or 'rm_ppo'")
+        if settings.hard_mining not in HARD_MINING_MODES:
+            modes = ", ".join(repr(m) for m in HARD_MINING_MODES)
+            raise ValueError(f"hard_mining must be one of {modes}")
+        if not 0.0 <= settings.random_share <= 1.0:
+            raise ValueError("random_share must be between 0 and 1")
         return settings
 
     def to_dict(self) -> dict:
@@ -163,22 +186,43 @@ def loop_key(round_: Round) -> str:
 # --------------------------------------------------------------------------- prompts
 
 
+def reward_models_newest(*, project: Project, limit: int = 2) -> list[ModelVersion]:
+    """Return the project's newest reward models (trained in its runs), newest first."""
+    return list(
+        ModelVersion.objects.filter(kind=ModelVersion.Kind.REWARD, training_run__project=project)
+        .select_related("dataset_version", "training_run__dataset_version")
+        .order_by("-created_at", "-id")[:limit]
+    )
+
+
 def prompts_select(
-    *, project: Project, settings: LoopSettings, reward_model: ModelVersion | None = None
+    *,
+    project: Project,
+    settings: LoopSettings,
+    reward_model: ModelVersion | None = None,
+    reward_models: list[ModelVersion] | None = None,
 ) -> list[str]:
     """Return the prompts of the next round: fresh ones, optionally mixed with hard examples.
 
-    Hard examples (seed 004 §4.4) are prompts whose last labels split between annotators
-    ('disagreement') or whose candidates the reward model barely separates ('rm_margin'); a
-    stated share of the round is always drawn at random so the data keeps its natural mix.
+    With `settings.hard_mining`, `round(n * (1 - random_share))` of the n prompts are hard
+    examples of the newest round with items (seed 004 §4.4, see `_hard_prompts`) and the rest are
+    fresh prompts drawn at random, so the data keeps its natural mix; when fewer hard prompts
+    exist, fresh ones fill the round. No fresh prompt repeats a hard one.
+
+    `reward_models` are the reward models to mine with, newest first (`reward_model` alone
+    means `[reward_model]`); when neither is given they are looked up in the project.
     """
     rng = random.Random(settings.seed + Round.objects.filter(project=project).count())
     n = settings.n_prompts
-    n_hard = 0 if not settings.hard_mining else round(n * (1 - settings.random_share))
-    hard = _hard_prompts(project=project, settings=settings, n=n_hard, reward_model=reward_model)
-    fresh = _fresh_prompts(project=project, settings=settings, n=n - len(hard), rng=rng)
-    chosen = hard + [p for p in fresh if p not in hard]
-    return chosen[:n]
+    n_hard = round(n * (1 - settings.random_share)) if settings.hard_mining else 0
+    n_hard = max(0, min(n, n_hard))
+    if reward_models is None and reward_model is not None:
+        reward_models = [reward_model]
+    hard = _hard_prompts(project=project, settings=settings, n=n_hard, reward_models=reward_models)
+    # Ask for n fresh prompts: those equal to a hard one are dropped, the rest still fill n.
+    fresh = _fresh_prompts(project=project, settings=settings, n=n, rng=rng)
+    taken = set(hard)
+    return (hard + [p for p in fresh if p not in taken])[:n]
 
 
 def _fresh_prompts(*, project: Project, settings: LoopSettings, n: int, rng) -> list[str]:
@@ -197,46 +241,213 @@ def _fresh_prompts(*, project: Project, settings: LoopSettings, n: int, rng) -> 
 
 
 def _hard_prompts(
-    *, project: Project, settings: LoopSettings, n: int, reward_model: ModelVersion | None
+    *,
+    project: Project,
+    settings: LoopSettings,
+    n: int,
+    reward_model: ModelVersion | None = None,
+    reward_models: list[ModelVersion] | None = None,
 ) -> list[str]:
-    if n <= 0:
-        return []
-    last = Round.objects.filter(project=project).order_by("-number").first()
-    if last is None:
-        return []
-    if settings.hard_mining == "disagreement":
-        split = []
-        items = (
-            Item.objects.filter(round=last, is_gold=False)
-            .annotate(
-                a=Count("judgments", filter=Q(judgments__choice="A")),
-                b=Count("judgments", filter=Q(judgments__choice="B")),
-            )
-            .filter(a__gt=0, b__gt=0)
-            .select_related("prompt")
-        )
-        for item in items:
-            split.append((-min(item.a, item.b) / (item.a + item.b), item.prompt.text))
-        return [text for _, text in sorted(split)[:n] if text]
-    if settings.hard_mining == "rm_margin" and reward_model is not None:
-        from training.scoring import reward_scores
+    """Return up to n distinct prompt texts of the newest round with items, hardest first.
 
-        pairs = []
-        for item in (
-            Item.objects.filter(round=last, is_gold=False)
-            .prefetch_related("slots__candidate")
-            .select_related("prompt")
-        ):
-            texts = [s.candidate.text for s in item.slots.all()]
-            pairs.append((item.prompt.text, texts))
+    Modes (`settings.hard_mining`), over the round's non-gold items:
+
+    disagreement     human and other labels split between A and B, most even split first.
+    rm_margin        smallest gap between the newest reward model's best and worst score of
+                     an item's candidates first.
+    rm_disagreement  the two newest reward models order the item's candidate pairs
+                     differently: largest share of such pairs first, then the smaller mean
+                     combined margin (|diff| under each model). Needs two reward models.
+    human_rm         the human majority (pairwise A/B votes; ranking: best mean rank) against
+                     the newest reward model: items whose preferred answer the model scores
+                     below another come first, by human vote share (high first), then by
+                     how far the model prefers the other answer (far first); then the items it
+                     agrees on, by its margin (small first). Ties of human votes are skipped.
+
+    A mode whose reward models are missing returns no prompts (the round is all fresh).
+    """
+    if n <= 0 or not settings.hard_mining:
+        return []
+    mode = settings.hard_mining
+    if mode not in HARD_MINING_MODES:
+        logger.warning("unknown hard_mining mode %r: no hard prompts", mode)
+        return []
+    round_ = (
+        Round.objects.filter(project=project)
+        .filter(Exists(Item.objects.filter(round=OuterRef("pk"), is_gold=False)))
+        .order_by("-number")
+        .first()
+    )
+    if round_ is None:
+        # The round being generated may already exist, still empty: it is skipped above.
+        return []
+    if mode == "disagreement":
+        return _distinct_texts(_rank_by_vote_split(round_))[:n]
+    if reward_models is None:
+        reward_models = (
+            [reward_model] if reward_model is not None else reward_models_newest(project=project)
+        )
+    if mode == "rm_margin" and reward_models:
+        ranked = _rank_by_rm_margin(round_, reward_models[0])
+    elif mode == "rm_disagreement" and len(reward_models) >= 2:
+        ranked = _rank_by_rm_disagreement(round_, reward_models[0], reward_models[1])
+    elif mode == "human_rm" and reward_models:
+        ranked = _rank_by_human_rm(round_, reward_models[0])
+    else:
+        logger.info("hard_mining %r: no reward model to mine with, fresh prompts only", mode)
+        return []
+    return _distinct_texts(ranked)[:n]
+
+
+def _distinct_texts(prompts: list[Prompt]) -> list[str]:
+    """Return the prompts' texts in order, without blanks or repeats."""
+    texts: list[str] = []
+    seen: set[str] = set()
+    for prompt in prompts:
+        if prompt.text and prompt.text not in seen:
+            seen.add(prompt.text)
+            texts.append(prompt.text)
+    return texts
+
+
+def _round_items(round_: Round) -> list[Item]:
+    """Return the round's non-gold items with their prompt and candidates (by position)."""
+    slots = ItemCandidate.objects.select_related("candidate").order_by("position")
+    return list(
+        Item.objects.filter(round=round_, is_gold=False)
+        .select_related("prompt")
+        .prefetch_related(Prefetch("slots", queryset=slots))
+        .order_by("id")
+    )
+
+
+def reward_model_trained_on_chat(model: ModelVersion) -> bool:
+    """Return whether the reward model was trained on conversational rows."""
+    dataset = model.dataset_version
+    if dataset is None and model.training_run is not None:
+        dataset = model.training_run.dataset_version
+    return bool(dataset is not None and dataset.report.get("conversational"))
+
+
+def _candidate_scores(model: ModelVersion, item: Item, *, chat: bool) -> list[float]:
+    """Return the reward model's score of each of the item's candidates, by position."""
+    from training.scoring import reward_scores
+
+    prompt = item.prompt
+    if prompt.messages:
+        scored_prompt: Any = prompt.messages
+    elif chat:
+        # The loop exports conversational rows: a text prompt was trained as one user turn.
+        scored_prompt = [{"role": "user", "content": prompt.text}]
+    else:
+        scored_prompt = prompt.text
+    answers = [slot.candidate.text for slot in item.slots.all()]
+    return reward_scores(model.artifact_path, scored_prompt, answers)
+
+
+def _sign(value: float) -> int:
+    return (value > 0) - (value < 0)
+
+
+def _rank_by_vote_split(round_: Round) -> list[Prompt]:
+    split = []
+    items = (
+        Item.objects.filter(round=round_, is_gold=False)
+        .annotate(
+            a=Count("judgments", filter=Q(judgments__choice="A")),
+            b=Count("judgments", filter=Q(judgments__choice="B")),
+        )
+        .filter(a__gt=0, b__gt=0)
+        .select_related("prompt")
+    )
+    for item in items:
+        split.append((-min(item.a, item.b) / (item.a + item.b), item.prompt.text, item.prompt))
+    return [prompt for *_, prompt in sorted(split, key=lambda row: row[:2])]
+
+
+def _rank_by_rm_margin(round_: Round, model: ModelVersion) -> list[Prompt]:
+    chat = reward_model_trained_on_chat(model)
+    ranked = []
+    for item in _round_items(round_):
+        scores = _candidate_scores(model, item, chat=chat)
+        if len(scores) >= 2:
+            ranked.append((max(scores) - min(scores), item.pk, item.prompt))
+    return [prompt for *_, prompt in sorted(ranked, key=lambda row: row[:2])]
+
+
+def _rank_by_rm_disagreement(
+    round_: Round, newer: ModelVersion, older: ModelVersion
+) -> list[Prompt]:
+    chat_newer, chat_older = (
+        reward_model_trained_on_chat(newer),
+        reward_model_trained_on_chat(older),
+    )
+    ranked = []
+    for item in _round_items(round_):
+        first = _candidate_scores(newer, item, chat=chat_newer)
+        second = _candidate_scores(older, item, chat=chat_older)
+        pairs = list(combinations(range(len(first)), 2))
         if not pairs:
-            return []
-        margins = []
-        for prompt, texts in pairs:
-            scores = reward_scores(reward_model.artifact_path, prompt, texts)
-            margins.append((max(scores) - min(scores), prompt))
-        return [p for _, p in sorted(margins)[:n]]
-    return []
+            continue
+        disagree, margin = 0, 0.0
+        for i, j in pairs:
+            diff_first, diff_second = first[i] - first[j], second[i] - second[j]
+            disagree += _sign(diff_first) != _sign(diff_second)
+            margin += abs(diff_first) + abs(diff_second)
+        ranked.append((-disagree / len(pairs), margin / len(pairs), item.pk, item.prompt))
+    return [prompt for *_, prompt in sorted(ranked, key=lambda row: row[:3])]
+
+
+def _human_preference(votes: dict[str, int], rankings: list[list[int]], k: int):
+    """Return (position the humans prefer, its vote share), or None without a clear one."""
+    a, b = votes.get("A", 0), votes.get("B", 0)
+    if k == 2 and a + b:
+        if a == b:
+            return None
+        return (0 if a > b else 1), max(a, b) / (a + b)
+    rankings = [r for r in rankings if isinstance(r, list) and len(r) == k]
+    if not rankings:
+        return None
+    mean_rank = [sum(r[pos] for r in rankings) / len(rankings) for pos in range(k)]
+    best = min(mean_rank)
+    if mean_rank.count(best) > 1:
+        return None
+    top = mean_rank.index(best)
+    return top, sum(r[top] == 1 for r in rankings) / len(rankings)
+
+
+def _rank_by_human_rm(round_: Round, model: ModelVersion) -> list[Prompt]:
+    items = _round_items(round_)
+    votes: dict[int, dict[str, int]] = {}
+    rankings: dict[int, list[list[int]]] = {}
+    judgments = Judgment.objects.filter(
+        item__in=[item.pk for item in items],
+        source=LabelSource.HUMAN,
+        is_repeat=False,
+        qc_flag="",
+    ).values_list("item_id", "choice", "ranking")
+    for item_id, choice, ranking in judgments:
+        if choice in ("A", "B"):
+            per_item = votes.setdefault(item_id, {})
+            per_item[choice] = per_item.get(choice, 0) + 1
+        elif ranking:
+            rankings.setdefault(item_id, []).append(ranking)
+    chat = reward_model_trained_on_chat(model)
+    ranked = []
+    for item in items:
+        k = len(item.slots.all())
+        preference = _human_preference(votes.get(item.pk, {}), rankings.get(item.pk, []), k)
+        if preference is None:
+            continue
+        top, share = preference
+        scores = _candidate_scores(model, item, chat=chat)
+        # Signed margin: how far the model scores the humans' choice above its best rival.
+        margin = scores[top] - max(s for pos, s in enumerate(scores) if pos != top)
+        if margin < 0:
+            ranked.append(((0, -share, margin, item.pk), item.prompt))
+        else:
+            ranked.append(((1, margin, share, item.pk), item.prompt))
+    return [prompt for _, prompt in sorted(ranked, key=lambda row: row[0])]
 
 
 # --------------------------------------------------------------------------- generate
@@ -312,7 +523,11 @@ def round_generate(
                 if not bad:
                     raise
                 logger.warning(
-                    "round %s: leaving out %d prompt(s): %s", round_.number, len(bad), exc
+                    "round %s: leaving out %d prompt(s) the importer refused (%s); "
+                    "importing the others",
+                    round_.number,
+                    len(bad),
+                    "; ".join(f"line {line}: {error}" for line, error in exc.errors[:3]),
                 )
                 rows = [row for i, row in enumerate(rows, start=1) if i not in bad]
     logger.info(
@@ -592,12 +807,11 @@ def generate_round_now(
     project = Project.objects.get(pk=project_id)
     policy = ModelVersion.objects.get(pk=model_version_id)
     loop_settings = LoopSettings.from_dict(settings)
-    reward_model = (
-        ModelVersion.objects.filter(kind=ModelVersion.Kind.REWARD, training_run__project=project)
-        .order_by("-id")
-        .first()
+    prompts = prompts_select(
+        project=project,
+        settings=loop_settings,
+        reward_models=reward_models_newest(project=project),
     )
-    prompts = prompts_select(project=project, settings=loop_settings, reward_model=reward_model)
     return round_generate(
         project=project,
         model_version=policy,
@@ -639,3 +853,10 @@ def loop_schedule_pause(*, project: Project, paused: bool = True) -> bool:
     return bool(
         PeriodicTask.objects.filter(name=f"prefloop-loop-{project.pk}").update(enabled=not paused)
     )
+
+
+def loop_schedule_paused(*, project_id: int) -> bool:
+    """Return whether the project has a loop schedule and it is paused."""
+    from django_celery_beat.models import PeriodicTask
+
+    return PeriodicTask.objects.filter(name=f"prefloop-loop-{project_id}", enabled=False).exists()

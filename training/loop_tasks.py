@@ -7,9 +7,14 @@ from training import loop
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def loop_tick(project_id: int, settings: dict) -> list[tuple[str, str, str]]:
-    """Advance the project's loop iteration as far as it can go now."""
+    """Advance the project's loop iteration as far as it can go now.
+
+    A tick queued before a researcher paused the schedule finds it paused and does nothing.
+    """
     from annotation.models import Project
 
+    if loop.loop_schedule_paused(project_id=project_id):
+        return [("tick", "skipped", "the project's loop schedule is paused")]
     project = Project.objects.get(pk=project_id)
     state = loop.loop_advance(project=project, settings=loop.LoopSettings.from_dict(settings))
     return [(s.name, s.status, s.detail) for s in state.steps]

@@ -5,7 +5,16 @@ from django.core.management import CommandError, call_command
 
 from annotation.exports import dataset_version_export
 from annotation.importers import content_hash
-from annotation.models import Candidate, Item, ItemCandidate, Judgment, Project, Prompt, Round
+from annotation.models import (
+    Candidate,
+    DatasetVersion,
+    Item,
+    ItemCandidate,
+    Judgment,
+    Project,
+    Prompt,
+    Round,
+)
 from annotation.services import ServiceError
 from annotation.simulation import model_judge
 from evaluation.selectors import project_agreement
@@ -152,3 +161,29 @@ def test_only_existing_reward_models_can_label(tiny_reward_dir, tmp_path):
         with pytest.raises(CommandError, match=message):
             call_command("simulate", "--project", str(project.pk), *extra)
     assert not Judgment.objects.exists()
+
+
+def test_a_chat_trained_reward_model_sees_text_prompts_as_a_user_turn(live_server, tiny_reward_dir):
+    # The loop exports conversational rows: its reward models never saw a bare text prompt.
+    project = _project()
+    dataset = DatasetVersion.objects.create(
+        project=project, version=1, report={"conversational": True}
+    )
+    version = ModelVersion.objects.create(
+        name="rm-chat",
+        kind=ModelVersion.Kind.REWARD,
+        artifact_path=str(tiny_reward_dir),
+        dataset_version=dataset,
+    )
+    _simulate(project, live_server.url, "--pool", "", "--ai-model-version", str(version.pk))
+    as_chat = as_text = 0
+    for judgment in Judgment.objects.filter(source="ai").select_related("item__prompt"):
+        texts = [s.candidate.text for s in judgment.item.slots.order_by("position")]
+        prompt = judgment.item.prompt
+        chat = reward_scores(
+            tiny_reward_dir, prompt.messages or [{"role": "user", "content": prompt.text}], texts
+        )
+        plain = _canonical_scores(tiny_reward_dir, judgment.item)
+        as_chat += judgment.choice == ("A" if chat[0] > chat[1] else "B")
+        as_text += judgment.choice == ("A" if plain[0] > plain[1] else "B")
+    assert as_chat == len(QUESTIONS) and as_text < len(QUESTIONS)

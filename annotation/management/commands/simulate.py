@@ -1,6 +1,7 @@
 """Drive the real REST API with a pool of simulated annotators (careful, noisy, bad actors)
 and, beside them, registered reward models labelling as AI annotators (source "ai")."""
 
+import functools
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -107,8 +108,8 @@ class Command(BaseCommand):
 
     def _ai_judges(self, version_ids: list[int], tie_margin: float) -> dict:
         """Load each reward model once; return {annotator username: judge}."""
+        from training.loop import reward_model_trained_on_chat
         from training.models import ModelVersion
-        from training.scoring import reward_scores
 
         judges = {}
         for version_id in version_ids:
@@ -124,9 +125,22 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"Model version {version_id}: no model folder at {version.artifact_path}."
                 )
-            path = version.artifact_path
             judges[f"ai-rm-{version_id}"] = model_judge(
-                lambda prompt, answers, path=path: reward_scores(path, prompt, answers),
+                functools.partial(
+                    _scores,
+                    path=version.artifact_path,
+                    chat=reward_model_trained_on_chat(version),
+                ),
                 tie_margin=tie_margin,
             )
         return judges
+
+
+def _scores(prompt, answers: list[str], *, path: str, chat: bool) -> list[float]:
+    """Score answers as the model was trained: a text prompt is one user turn for a model
+    trained on conversations (the loop's exports are)."""
+    from training.scoring import reward_scores
+
+    if chat and isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    return reward_scores(path, prompt, answers)
