@@ -18,9 +18,8 @@ from pathlib import Path
 
 import requests
 from django.conf import settings
-from django.db import connection
 
-from tests.training.test_celery_worker import Worker
+from tests.celery_worker import Worker, database_url
 from tests.training.test_runs_support import wait_for
 
 __all__ = ["CeleryWorker", "Gunicorn", "RedisServer", "database_url", "free_port", "wait_for"]
@@ -30,15 +29,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def database_url() -> str:
-    """Return the URL of the database this test runs on (the pytest-django test database)."""
-    db = connection.settings_dict
-    user = db.get("USER") or "postgres"
-    host = db.get("HOST") or "127.0.0.1"
-    port = db.get("PORT") or 5432
-    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
 
 
 class Gunicorn:
@@ -164,55 +154,5 @@ class RedisServer:
         self.start()
 
 
-class CeleryWorker(Worker):
-    """The training tests' `Worker` on a broker, queue and environment of our choosing."""
-
-    def __init__(
-        self,
-        *,
-        queue: str,
-        broker_url: str,
-        log_path: Path,
-        name: str,
-        visibility_timeout: int = 10,
-        extra_env: dict[str, str] | None = None,
-    ):
-        self.log_path = log_path
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "config.settings.test",
-            "DATABASE_URL": database_url(),
-            "CELERY_BROKER_URL": broker_url,
-            "CELERY_VISIBILITY_TIMEOUT": str(visibility_timeout),
-            "PYTHONUNBUFFERED": "1",
-            **(extra_env or {}),
-        }
-        self.log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                queue,
-                "--concurrency",
-                "1",
-                "--pool",
-                "prefork",
-                "--loglevel",
-                "INFO",
-                "--hostname",
-                f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            cwd=str(settings.BASE_DIR),
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+# The training tests' worker, on a broker, queue and environment of our choosing.
+CeleryWorker = Worker

@@ -8,21 +8,15 @@ of the killed worker is delivered again to the next one.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
-from django.conf import settings
-from django.db import connection
 from kombu import Connection
 
+from tests.celery_worker import Worker
 from tests.training import test_runs_support as support
 from tests.training.test_runs_support import reward_config, wait_for
 from training import services
@@ -55,90 +49,14 @@ def purge(queue: str) -> None:
             client.zrem("unacked_index", tag)
 
 
-class Worker:
-    """One `celery worker` subprocess writing its log to a file."""
-
-    def __init__(self, queue: str, log_path: Path, name: str):
-        self.log_path = log_path
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "config.settings.test",
-            "DATABASE_URL": _database_url(),
-            "CELERY_BROKER_URL": BROKER_URL,
-            "CELERY_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                queue,
-                "--concurrency",
-                "1",
-                "--pool",
-                "prefork",
-                "--loglevel",
-                "INFO",
-                "--hostname",
-                f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            cwd=str(settings.BASE_DIR),
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def tree(self) -> list[psutil.Process]:
-        try:
-            parent = psutil.Process(self.process.pid)
-            return [parent, *parent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill(self) -> list[psutil.Process]:
-        """SIGKILL the worker and every process below it (pool child, training CLI)."""
-        processes = self.tree()
-        for proc in processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signal.SIGKILL)
-        psutil.wait_procs(processes, timeout=15)
-        self.process.wait(timeout=15)
-        self.log.close()
-        return processes
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return
-        for proc in self.tree():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-        self.log.close()
-
-
-def _database_url() -> str:
-    db = connection.settings_dict
-    user = db.get("USER") or "postgres"
-    host = db.get("HOST") or "127.0.0.1"
-    port = db.get("PORT") or 5432
-    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
+def _worker(queue: str, log_path: Path, name: str) -> Worker:
+    return Worker(
+        queue=queue,
+        broker_url=BROKER_URL,
+        log_path=log_path,
+        name=name,
+        visibility_timeout=VISIBILITY_TIMEOUT,
+    )
 
 
 def _metrics(run: TrainingRun) -> list[dict]:
@@ -165,7 +83,7 @@ def test_run_resumes_after_its_worker_is_killed_and_finishes_once(
             run_training.apply_async(args=(run.pk,), queue=queue, connection=broker)
 
         # when a worker starts it and is SIGKILLed, with its training process, mid-run
-        workers.append(Worker(queue, tmp_path / "worker1.log", f"w1-{queue}"))
+        workers.append(_worker(queue, tmp_path / "worker1.log", f"w1-{queue}"))
         first = wait_for(
             lambda: TrainingRun.objects.filter(
                 pk=run.pk, status=TrainingRun.Status.RUNNING, child_pid__isnull=False
@@ -194,7 +112,7 @@ def test_run_resumes_after_its_worker_is_killed_and_finishes_once(
         assert seen_step < 300
 
         # and a new worker starts: the message comes back after the visibility timeout
-        workers.append(Worker(queue, tmp_path / "worker2.log", f"w2-{queue}"))
+        workers.append(_worker(queue, tmp_path / "worker2.log", f"w2-{queue}"))
         finished = wait_for(
             lambda: TrainingRun.objects.filter(
                 pk=run.pk,
