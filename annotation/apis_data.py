@@ -17,7 +17,7 @@ import gzip
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
@@ -116,20 +116,36 @@ class DatasetListApi(APIView):
         versions = DatasetVersion.objects.filter(project=project).order_by("-version")
         return Response(DatasetVersionOutput(versions, many=True).data)
 
-    @extend_schema(request=InputSerializer, responses=DatasetVersionOutput)
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            201: DatasetVersionOutput,
+            202: DatasetVersionOutput,
+            507: OpenApiResponse(description="sync: the snapshot could not be written."),
+        },
+    )
     def post(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        if data["sync"]:
-            dv = exports.dataset_version_export(
-                project=project, policy=data["policy"], name=data["name"], user=request.user
-            )
-            return Response(DatasetVersionOutput(dv).data, status=status.HTTP_201_CREATED)
         dv = exports.dataset_version_create(
             project=project, policy=data["policy"], name=data["name"], user=request.user
         )
+        if data["sync"]:
+            try:
+                dv = exports.dataset_version_build(dataset_version_id=dv.pk)
+            except OSError:  # the version is marked failed with the cause; say it, not 500
+                dv.refresh_from_db()
+                return Response(
+                    {
+                        "detail": dv.error.splitlines()[0],
+                        "code": "storage",
+                        "dataset_version": DatasetVersionOutput(dv).data,
+                    },
+                    status=status.HTTP_507_INSUFFICIENT_STORAGE,
+                )
+            return Response(DatasetVersionOutput(dv).data, status=status.HTTP_201_CREATED)
         tasks.build_dataset_version_on_commit(dv.pk)
         return Response(DatasetVersionOutput(dv).data, status=status.HTTP_202_ACCEPTED)
 

@@ -143,3 +143,32 @@ def test_a_failed_export_does_not_block_the_next_one(labelled_project, tmp_path,
     assert Path(ready.path).is_dir() and ready.split_counts["train"] == 6
     failed.refresh_from_db()
     assert failed.status == DatasetVersion.Status.FAILED
+
+
+def test_a_synchronous_export_over_the_api_says_what_went_wrong(
+    labelled_project, tmp_path, settings
+):
+    from rest_framework.test import APIClient
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    settings.ARTIFACT_ROOT = blocker
+    client = APIClient()
+    client.force_authenticate(make_user(staff=True))
+
+    response = client.post(
+        f"/api/projects/{labelled_project.pk}/datasets/",
+        {"policy": POLICY, "sync": True},
+        format="json",
+    )
+
+    assert response.status_code == 507, response.content
+    body = response.json()
+    assert body["code"] == "storage" and body["detail"].startswith("The artefact folder")
+    assert str(blocker) in body["detail"]
+    assert body["dataset_version"]["status"] == DatasetVersion.Status.FAILED
+    _assert_failed_cleanly(
+        DatasetVersion.objects.get(pk=body["dataset_version"]["id"]),
+        error_start="The artefact folder",
+        where=blocker,
+    )
