@@ -71,6 +71,9 @@ class TrainingRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the run's task was last sent to the broker."
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -167,12 +167,19 @@ def training_run_create(
     return run
 
 
-def training_run_enqueue(*, run: TrainingRun) -> None:
-    """Send the run's task to the gpu queue after the current transaction commits."""
+def training_run_enqueue(*, run: TrainingRun, send: Callable[[int], Any] | None = None) -> None:
+    """Send the run's task to the gpu queue after the current transaction commits.
+
+    The time is noted on the row (`enqueued_at`), so a run whose message a restarted broker
+    lost can be told apart (`training_runs_requeue_lost`). `send(run_id)` replaces the
+    default `run_training.delay`, e.g. to send through another broker connection.
+    """
     from training.tasks import run_training
 
     run_id = run.pk
-    transaction.on_commit(lambda: run_training.delay(run_id))
+    run.enqueued_at = timezone.now()
+    TrainingRun.objects.filter(pk=run_id).update(enqueued_at=run.enqueued_at)
+    transaction.on_commit(lambda: (send or run_training.delay)(run_id))
 
 
 def training_run_data_dir(*, run: TrainingRun) -> str:
@@ -885,6 +892,49 @@ def training_run_resume(*, run_id: int, enqueue: bool = True) -> TrainingRun:
         if enqueue:
             training_run_enqueue(run=run)
     return run
+
+
+def broker_started_at(*, url: str | None = None):
+    """Return when the Redis broker last started, or None (another broker, or no answer).
+
+    Redis reports its uptime in whole seconds, so this errs late by under a second: a run
+    sent in that second may be sent twice, which the idempotent task shrugs off.
+    """
+    import redis
+
+    url = url or settings.CELERY_BROKER_URL
+    if not str(url).startswith(("redis://", "rediss://")):
+        return None
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        uptime = int(client.info("server")["uptime_in_seconds"])
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        logger.warning("cannot read the broker's uptime", exc_info=True)
+        return None
+    return timezone.now() - timedelta(seconds=uptime)
+
+
+def training_runs_requeue_lost(
+    *, broker_started_at, send: Callable[[int], Any] | None = None
+) -> list[int]:
+    """Send again the queued runs whose task was sent before the broker last started.
+
+    A broker that keeps nothing on disk loses its queues when it restarts, and a run still
+    queued from before would wait for ever. Sending again is safe when the message did
+    survive (an append-only Redis): the task is idempotent, and a second delivery of a run
+    that is running or finished changes nothing.
+    """
+    from django.db.models import Q
+
+    lost = TrainingRun.objects.filter(status=TrainingRun.Status.QUEUED).filter(
+        Q(enqueued_at__lt=broker_started_at)
+        | Q(enqueued_at__isnull=True, created_at__lt=broker_started_at)
+    )
+    runs = list(lost.only("pk"))
+    for run in runs:
+        logger.warning("training run %s: queued before the broker restarted; sent again", run.pk)
+        training_run_enqueue(run=run, send=send)
+    return [run.pk for run in runs]
 
 
 def training_runs_requeue_stale() -> list[int]:

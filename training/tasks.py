@@ -38,5 +38,8 @@ def run_training(self, run_id: int) -> str | None:
 
 @shared_task(acks_late=True, queue="default")  # light work: stays off the gpu queue
 def requeue_stale_runs() -> list[int]:
-    """Re-queue running runs whose supervisor stopped sending heartbeats (schedule with beat)."""
-    return services.training_runs_requeue_stale()
+    """Re-queue running runs whose supervisor stopped sending heartbeats, and queued runs
+    whose message a restarted broker lost (scheduled with beat every minute)."""
+    started = services.broker_started_at()
+    lost = services.training_runs_requeue_lost(broker_started_at=started) if started else []
+    return services.training_runs_requeue_stale() + lost

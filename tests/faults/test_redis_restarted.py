@@ -8,9 +8,9 @@ queue behind it (concurrency 1, prefetch 1).
   survives the restart; the worker reconnects; run 1 (whose supervisor never needs the
   broker) and then run 2 both succeed, once each (one attempt, one model version).
 - Volatile broker (no persistence: the restart loses every key): run 1 still succeeds once;
-  run 2's message is gone, so it stays queued until its task is sent again (as
-  `training_run_resume` does), and then it succeeds once. A message for a run that has
-  finished is a no-op.
+  run 2's message is gone; the beat's check (`training_runs_requeue_lost`, every minute)
+  sees it was sent before the broker started and sends it again, and it succeeds once. A
+  message for a run that has finished is a no-op.
 """
 
 from __future__ import annotations
@@ -32,10 +32,20 @@ VISIBILITY_TIMEOUT = 10
 FINISHED = (TrainingRun.Status.SUCCEEDED, TrainingRun.Status.FAILED, TrainingRun.Status.CANCELLED)
 
 
+def _sender(broker_url: str, queue: str):
+    """Return send(run_id): the run's task onto our queue on the private broker."""
+
+    def send(run_id: int) -> None:
+        options = {"visibility_timeout": VISIBILITY_TIMEOUT}
+        with Connection(broker_url, transport_options=options) as broker:
+            run_training.apply_async(args=(run_id,), queue=queue, connection=broker)
+
+    return send
+
+
 def _send(broker_url: str, queue: str, run: TrainingRun) -> None:
-    options = {"visibility_timeout": VISIBILITY_TIMEOUT}
-    with Connection(broker_url, transport_options=options) as broker:
-        run_training.apply_async(args=(run.pk,), queue=queue, connection=broker)
+    # As the run service sends it (noting the time on the row), to our private broker.
+    services.training_run_enqueue(run=run, send=_sender(broker_url, queue))
 
 
 def _create(model_dir, snapshot, steps: int) -> TrainingRun:
@@ -152,9 +162,14 @@ def test_volatile_broker_restart_keeps_the_running_run_and_the_lost_one_can_be_r
         second.refresh_from_db()
         assert second.status == TrainingRun.Status.QUEUED  # its message was lost with Redis
 
-        # and re-sending the lost run (as a researcher's "resume" does) runs it once
-        with Connection(redis.url) as broker:
-            run_training.apply_async(args=(second.pk,), queue=queue, connection=broker)
+        # and the beat's check finds it was sent before the broker started, sends it again
+        # (the running run is left alone), and it runs once
+        started = services.broker_started_at(url=redis.url)
+        assert started > second.enqueued_at
+        lost = services.training_runs_requeue_lost(
+            broker_started_at=started, send=_sender(redis.url, queue)
+        )
+        assert lost == [second.pk]
         _finished(second, worker)
         _assert_once(second)
         _assert_reconnected(worker)

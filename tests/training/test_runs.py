@@ -476,3 +476,51 @@ def test_cancel_kills_the_running_process_group_and_resume_continues_from_checkp
     assert f"resuming from {checkpoint}" in log
     assert f"deleted half-written checkpoints: {partial.name}" in log
     assert not partial.exists()
+
+
+# --------------------------------------------------------------------------- broker restarts
+
+
+@pytest.mark.django_db
+def test_queued_runs_sent_before_the_broker_restarted_are_sent_again_once(
+    training_settings, tiny_reward_dir, reward_snapshot, django_capture_on_commit_callbacks
+):
+    sent: list[int] = []
+    before, after, running, legacy = (_create(tiny_reward_dir, reward_snapshot) for _ in range(4))
+    restart = timezone.now()
+    TrainingRun.objects.filter(pk__in=[before.pk, running.pk]).update(
+        enqueued_at=restart - timedelta(minutes=5)
+    )
+    TrainingRun.objects.filter(pk=after.pk).update(enqueued_at=restart + timedelta(seconds=1))
+    TrainingRun.objects.filter(pk=running.pk).update(status=TrainingRun.Status.RUNNING)
+    # a run queued before enqueued_at existed: its creation time stands in
+    TrainingRun.objects.filter(pk=legacy.pk).update(
+        enqueued_at=None, created_at=restart - timedelta(minutes=1)
+    )
+
+    with django_capture_on_commit_callbacks(execute=True):
+        lost = services.training_runs_requeue_lost(broker_started_at=restart, send=sent.append)
+
+    assert sorted(lost) == sorted(sent) == sorted([before.pk, legacy.pk])
+    before.refresh_from_db()
+    assert before.enqueued_at >= restart and before.status == TrainingRun.Status.QUEUED
+    # sent again now, so the next beat tick leaves them alone
+    with django_capture_on_commit_callbacks(execute=True):
+        assert (
+            services.training_runs_requeue_lost(broker_started_at=restart, send=sent.append) == []
+        )
+    assert len(sent) == 2
+
+
+def test_broker_start_time_comes_from_redis_uptime():
+    import redis
+    from django.conf import settings as django_settings
+
+    url = "redis://127.0.0.1:6379/0"
+    started = services.broker_started_at(url=url)
+    uptime = redis.Redis.from_url(url).info("server")["uptime_in_seconds"]
+    expected = timezone.now() - timedelta(seconds=uptime)
+    assert started is not None and abs((started - expected).total_seconds()) <= 2
+    assert services.broker_started_at(url="memory://") is None
+    assert services.broker_started_at(url="redis://127.0.0.1:1/0") is None  # nobody there
+    assert django_settings.CELERY_BEAT_SCHEDULE["requeue-stale-training-runs"]["schedule"] == 60
