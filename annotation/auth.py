@@ -6,6 +6,8 @@ the caller's groups in a second one; here one raw statement reads the token, the
 the machine group (`annotation.services.SOURCE_GROUPS`) together.
 """
 
+import functools
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.utils.translation import gettext_lazy as _
@@ -14,27 +16,23 @@ from rest_framework.authtoken.models import Token
 
 from annotation.services import SOURCE_GROUPS, user_label_source_remember
 
-_SQL = None
 
-
+@functools.cache
 def _sql() -> str:
-    global _SQL
-    if _SQL is None:
-        user_model = get_user_model()
-        users = user_model._meta.db_table
-        pk = user_model._meta.pk.column
-        memberships = user_model.groups.through._meta.db_table
-        groups = Group._meta.db_table
-        names = ", ".join(["%s"] * len(SOURCE_GROUPS))
-        _SQL = (
-            f'SELECT u.*, t."created" AS "_token_created", '
-            f'(SELECT g."name" FROM "{groups}" g JOIN "{memberships}" ug '
-            f'ON ug."group_id" = g."id" WHERE ug."user_id" = u."{pk}" AND g."name" IN ({names}) '
-            f'ORDER BY g."name" LIMIT 1) AS "_machine_group" '
-            f'FROM "{Token._meta.db_table}" t JOIN "{users}" u ON u."{pk}" = t."user_id" '
-            f'WHERE t."key" = %s'
-        )
-    return _SQL
+    user_model = get_user_model()
+    users = user_model._meta.db_table
+    pk = user_model._meta.pk.column
+    memberships = user_model.groups.through._meta.db_table
+    groups = Group._meta.db_table
+    names = ", ".join(["%s"] * len(SOURCE_GROUPS))
+    return (
+        f'SELECT u.*, t."created" AS "_token_created", '
+        f'(SELECT g."name" FROM "{groups}" g JOIN "{memberships}" ug '
+        f'ON ug."group_id" = g."id" WHERE ug."user_id" = u."{pk}" AND g."name" IN ({names}) '
+        f'ORDER BY g."name" LIMIT 1) AS "_machine_group" '
+        f'FROM "{Token._meta.db_table}" t JOIN "{users}" u ON u."{pk}" = t."user_id" '
+        f'WHERE t."key" = %s'
+    )
 
 
 class TokenAuthentication(authentication.TokenAuthentication):

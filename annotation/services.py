@@ -3,8 +3,9 @@
 Serving is correct under concurrency on PostgreSQL:
 - an annotator's calls are serialised by a row lock on their Membership;
 - items are claimed with `SELECT ... FOR UPDATE SKIP LOCKED` and their `n_taken` counter is
-  bumped in the same transaction, so a concurrent claimer that read a stale row re-checks
-  `n_taken < overlap` on the new row version (PostgreSQL's EvalPlanQual) and moves on;
+  bumped in the same statement (`_claim_primary`), so a concurrent claimer that read a stale
+  row re-checks `n_taken < overlap` on the new row version (PostgreSQL's EvalPlanQual) and
+  moves on;
 - every other path that changes `n_taken` (expiry, skip) locks the item row too.
 """
 
@@ -162,8 +163,7 @@ def _claim_primary(*, project: Project, user) -> Item | None:
 def _claim_primary_sql(vendor: str) -> str:
     items, rounds = Item._meta.db_table, Round._meta.db_table
     assignments = Assignment._meta.db_table
-    # SQLite (the single-user demo default) has no row locks: it serialises writers.
-    lock = "FOR UPDATE OF i SKIP LOCKED" if vendor == "postgresql" else ""
+    lock = sql.lock(vendor, "i", skip_locked=True)
     return f"""
         UPDATE "{items}" SET "n_taken" = "n_taken" + 1
         WHERE "id" = (

@@ -24,11 +24,12 @@ def columns(model, alias: str) -> str:
     return ", ".join(f'{alias}."{field.column}"' for field in _fields(model))
 
 
-def lock(vendor: str, of: str = "") -> str:
-    """`FOR UPDATE [OF x]` on PostgreSQL; nothing on SQLite, which serialises writers."""
+def lock(vendor: str, of: str = "", *, skip_locked: bool = False) -> str:
+    """`FOR UPDATE [OF x] [SKIP LOCKED]` on PostgreSQL; nothing on SQLite, which serialises
+    writers."""
     if vendor != "postgresql":
         return ""
-    return f" FOR UPDATE OF {of}" if of else " FOR UPDATE"
+    return f" FOR UPDATE{f' OF {of}' if of else ''}{' SKIP LOCKED' if skip_locked else ''}"
 
 
 @functools.cache

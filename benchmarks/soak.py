@@ -43,6 +43,8 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
+from tests.celery_worker import worker_argv  # noqa: E402
+
 PG_URL = os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432")
 # Honest labellers by default, so all of them keep labelling for the whole soak (QC pauses
 # always_left and random ones within their first checks: pass --mix to include them).
@@ -89,25 +91,7 @@ def start(command: list[str], log: Path, env: dict | None = None) -> subprocess.
 
 
 def celery_worker(queue: str, name: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "config",
-        "worker",
-        "-Q",
-        queue,
-        "--concurrency",
-        "1",
-        "--loglevel",
-        "INFO",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        "--hostname",
-        f"soak-{name}-{os.getpid()}@%h",
-    ]
+    return worker_argv(queue, f"soak-{name}-{os.getpid()}")
 
 
 def stop(process: subprocess.Popen | None, grace: float = 30) -> None:

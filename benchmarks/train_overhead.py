@@ -41,6 +41,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 sys.path.insert(0, str(BASE_DIR / "benchmarks"))
 
+from tests.celery_worker import worker_argv  # noqa: E402
+
 PG_URL = os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432")
 BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/12")
 PLAIN_FUNCTIONS = {"reward": "run_plain_reward", "dpo": "run_plain_dpo"}
@@ -65,27 +67,7 @@ def start_worker(queue: str, log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = log_path.open("ab")
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "-Q",
-            queue,
-            "--concurrency",
-            "1",
-            "--pool",
-            "prefork",
-            "--loglevel",
-            "INFO",
-            "--hostname",
-            f"bench-{queue}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
+        worker_argv(queue, f"bench-{queue}"),
         cwd=str(BASE_DIR),
         env=env,
         stdout=log,

@@ -19,6 +19,32 @@ from django.conf import settings
 from django.db import connection
 
 
+def worker_argv(queue: str, hostname: str) -> list[str]:
+    """The command line of one `celery worker` of this app (concurrency 1, prefork, no
+    gossip/mingle/heartbeat chatter); also used by the benchmarks."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "worker",
+        "-Q",
+        queue,
+        "--concurrency",
+        "1",
+        "--pool",
+        "prefork",
+        "--loglevel",
+        "INFO",
+        "--hostname",
+        f"{hostname}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
+
+
 def database_url() -> str:
     """Return the URL of the database this test runs on (the pytest-django test database)."""
     db = connection.settings_dict
@@ -54,27 +80,7 @@ class Worker:
             env["CELERY_VISIBILITY_TIMEOUT"] = str(visibility_timeout)
         self.log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                queue,
-                "--concurrency",
-                "1",
-                "--pool",
-                "prefork",
-                "--loglevel",
-                "INFO",
-                "--hostname",
-                f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
+            worker_argv(queue, name),
             cwd=str(settings.BASE_DIR),
             env=env,
             stdout=self.log,

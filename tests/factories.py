@@ -70,3 +70,16 @@ def make_items(
             ItemCandidate.objects.create(item=item, candidate=cand, position=j)
         items.append(item)
     return items
+
+
+def make_tiny_demo_policy(folder, *, name: str, n_positions: int):
+    """Register an untrained one-layer GPT-2 on a tokenizer of the demo domain's texts."""
+    from training import demo
+    from training.models import ModelVersion
+    from training.trainers.tiny import build_tiny_causal_lm, train_tokenizer
+
+    tokenizer = train_tokenizer(demo.tokenizer_training_texts(), vocab_size=300)
+    path = build_tiny_causal_lm(
+        tokenizer, folder, n_layer=1, n_embd=32, n_head=2, n_positions=n_positions
+    )
+    return ModelVersion.objects.create(name=name, artifact_path=str(path))

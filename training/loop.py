@@ -199,7 +199,6 @@ def prompts_select(
     *,
     project: Project,
     settings: LoopSettings,
-    reward_model: ModelVersion | None = None,
     reward_models: list[ModelVersion] | None = None,
 ) -> list[str]:
     """Return the prompts of the next round: fresh ones, optionally mixed with hard examples.
@@ -209,15 +208,13 @@ def prompts_select(
     fresh prompts drawn at random, so the data keeps its natural mix; when fewer hard prompts
     exist, fresh ones fill the round. No fresh prompt repeats a hard one.
 
-    `reward_models` are the reward models to mine with, newest first (`reward_model` alone
-    means `[reward_model]`); when neither is given they are looked up in the project.
+    `reward_models` are the reward models to mine with, newest first; when not given they are
+    looked up in the project.
     """
     rng = random.Random(settings.seed + Round.objects.filter(project=project).count())
     n = settings.n_prompts
     n_hard = round(n * (1 - settings.random_share)) if settings.hard_mining else 0
     n_hard = max(0, min(n, n_hard))
-    if reward_models is None and reward_model is not None:
-        reward_models = [reward_model]
     hard = _hard_prompts(project=project, settings=settings, n=n_hard, reward_models=reward_models)
     # Ask for n fresh prompts: those equal to a hard one are dropped, the rest still fill n.
     fresh = _fresh_prompts(project=project, settings=settings, n=n, rng=rng)
@@ -245,7 +242,6 @@ def _hard_prompts(
     project: Project,
     settings: LoopSettings,
     n: int,
-    reward_model: ModelVersion | None = None,
     reward_models: list[ModelVersion] | None = None,
 ) -> list[str]:
     """Return up to n distinct prompt texts of the newest round with items, hardest first.
@@ -284,9 +280,7 @@ def _hard_prompts(
     if mode == "disagreement":
         return _distinct_texts(_rank_by_vote_split(round_))[:n]
     if reward_models is None:
-        reward_models = (
-            [reward_model] if reward_model is not None else reward_models_newest(project=project)
-        )
+        reward_models = reward_models_newest(project=project)
     if mode == "rm_margin" and reward_models:
         ranked = _rank_by_rm_margin(round_, reward_models[0])
     elif mode == "rm_disagreement" and len(reward_models) >= 2:

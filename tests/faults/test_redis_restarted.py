@@ -112,77 +112,76 @@ def _assert_once(run: TrainingRun) -> None:
     assert ModelVersion.objects.filter(training_run=run).count() == 1
 
 
-def test_durable_broker_restart_loses_no_run(
-    training_settings, tiny_reward_dir, reward_snapshot, tmp_path
-):
-    redis = RedisServer(tmp_path / "redis", durable=True)
-    queue = f"gpu-faults-{uuid.uuid4().hex[:8]}"
-    worker = None
-    try:
+@pytest.fixture
+def broker_and_two_runs(training_settings, tiny_reward_dir, reward_snapshot, tmp_path):
+    """Return start(durable=...) -> (redis, queue, worker, run 1 mid-training, run 2 queued)
+    on a private redis-server; the worker and Redis are stopped after the test."""
+    services_started: list = []
+
+    def start(*, durable: bool):
+        redis = RedisServer(tmp_path / "redis", durable=durable)
+        services_started.append(redis)
+        queue = f"gpu-faults-{uuid.uuid4().hex[:8]}"
         worker, first, second = _start_run_and_queue_another(
             tiny_reward_dir, reward_snapshot, tmp_path, redis, queue
         )
-        # when Redis stops (writing its append-only file) and comes back a few seconds later
-        redis.restart(down_for=3)
-        assert redis.client().llen(queue) + redis.client().hlen("unacked") >= 1
-        _assert_running_through_the_outage(first)
+        services_started.append(worker)
+        return redis, queue, worker, first, second
 
-        # then the worker reconnects, run 1 finishes, run 2 is still delivered and finishes
-        _finished(first, worker)
-        _finished(second, worker)
-        _assert_once(first)
-        _assert_once(second)
-        assert ModelVersion.objects.count() == 2
-        assert worker.process.poll() is None, "the worker survived the broker restart"
-        _assert_reconnected(worker)
-    finally:
-        if worker is not None:
-            worker.stop()
-        redis.stop()
+    yield start
+    for service in reversed(services_started):
+        service.stop()
+
+
+def test_durable_broker_restart_loses_no_run(broker_and_two_runs):
+    redis, queue, worker, first, second = broker_and_two_runs(durable=True)
+    # when Redis stops (writing its append-only file) and comes back a few seconds later
+    redis.restart(down_for=3)
+    assert redis.client().llen(queue) + redis.client().hlen("unacked") >= 1
+    _assert_running_through_the_outage(first)
+
+    # then the worker reconnects, run 1 finishes, run 2 is still delivered and finishes
+    _finished(first, worker)
+    _finished(second, worker)
+    _assert_once(first)
+    _assert_once(second)
+    assert ModelVersion.objects.count() == 2
+    assert worker.process.poll() is None, "the worker survived the broker restart"
+    _assert_reconnected(worker)
 
 
 def test_volatile_broker_restart_keeps_the_running_run_and_the_lost_one_can_be_resent(
-    training_settings, tiny_reward_dir, reward_snapshot, tmp_path
+    broker_and_two_runs,
 ):
-    redis = RedisServer(tmp_path / "redis", durable=False)
-    queue = f"gpu-faults-{uuid.uuid4().hex[:8]}"
-    worker = None
-    try:
-        worker, first, second = _start_run_and_queue_another(
-            tiny_reward_dir, reward_snapshot, tmp_path, redis, queue
-        )
-        # when Redis restarts and loses every message
-        redis.restart(down_for=3)
-        assert redis.client().llen(queue) == 0 and redis.client().hlen("unacked") == 0
-        _assert_running_through_the_outage(first)
+    redis, queue, worker, first, second = broker_and_two_runs(durable=False)
+    # when Redis restarts and loses every message
+    redis.restart(down_for=3)
+    assert redis.client().llen(queue) == 0 and redis.client().hlen("unacked") == 0
+    _assert_running_through_the_outage(first)
 
-        # then the running run still finishes once: its supervisor never needed the broker
-        _finished(first, worker)
-        _assert_once(first)
-        second.refresh_from_db()
-        assert second.status == TrainingRun.Status.QUEUED  # its message was lost with Redis
+    # then the running run still finishes once: its supervisor never needed the broker
+    _finished(first, worker)
+    _assert_once(first)
+    second.refresh_from_db()
+    assert second.status == TrainingRun.Status.QUEUED  # its message was lost with Redis
 
-        # and the beat's check finds it was sent before the broker started, sends it again
-        # (the running run is left alone), and it runs once
-        started = services.broker_started_at(url=redis.url)
-        assert started > second.enqueued_at
-        lost = services.training_runs_requeue_lost(
-            broker_started_at=started, send=_sender(redis.url, queue)
-        )
-        assert lost == [second.pk]
-        _finished(second, worker)
-        _assert_once(second)
-        _assert_reconnected(worker)
-        # a stale duplicate delivery of a finished run is a no-op
-        _send(redis.url, queue, first)
-        wait_for(
-            lambda: worker.text().count("succeeded in") >= 3,
-            timeout=120,
-            what="the duplicate message to be handled",
-        )
-        _assert_once(first)
-        assert ModelVersion.objects.count() == 2
-    finally:
-        if worker is not None:
-            worker.stop()
-        redis.stop()
+    # and the beat's check finds it was sent before the broker started, sends it again
+    # (the finished run is left alone), and it runs once
+    started = services.broker_started_at(url=redis.url)
+    assert started > second.enqueued_at
+    lost = services.training_runs_requeue_lost(
+        broker_started_at=started, send=_sender(redis.url, queue)
+    )
+    assert lost == [second.pk]
+    _finished(second, worker)
+    _assert_once(second)
+    _assert_reconnected(worker)
+    # a stale duplicate delivery of a finished run is a no-op
+    _send(redis.url, queue, first)
+    wait_for(
+        lambda: worker.text().count("succeeded in") >= 3,
+        timeout=120,
+        what="the duplicate message to be handled",
+    )
+    _assert_once(first)
+    assert ModelVersion.objects.count() == 2

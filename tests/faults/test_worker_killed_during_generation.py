@@ -20,10 +20,10 @@ from django.db.models import Count
 from kombu import Connection
 
 from annotation.models import Candidate, Item, ItemCandidate, Project, Round
+from tests.factories import make_tiny_demo_policy
 from tests.faults.support import CeleryWorker, RedisServer, wait_for
-from training import demo, loop
+from training import loop
 from training.loop_tasks import generate_round
-from training.models import ModelVersion
 
 pytestmark = [pytest.mark.slow, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
@@ -33,13 +33,7 @@ N_PROMPTS = 160  # enough sampling (several seconds) to be killed in the middle 
 
 @pytest.fixture
 def tiny_policy(tmp_path):
-    from training.trainers.tiny import build_tiny_causal_lm, train_tokenizer
-
-    tokenizer = train_tokenizer(demo.tokenizer_training_texts(), vocab_size=300)
-    path = build_tiny_causal_lm(
-        tokenizer, tmp_path / "policy", n_layer=1, n_embd=32, n_head=2, n_positions=96
-    )
-    return ModelVersion.objects.create(name="tiny-policy", artifact_path=str(path))
+    return make_tiny_demo_policy(tmp_path / "policy", name="tiny-policy", n_positions=96)
 
 
 def _send(broker_url: str, queue: str, *args) -> None:

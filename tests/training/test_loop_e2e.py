@@ -21,7 +21,8 @@ from annotation.models import DatasetVersion, Judgment, Project, Round
 from annotation.services import simulated_annotator_ensure
 from annotation.simulation import PRESETS, run_pool
 from tests.celery_worker import Worker
-from training import demo, loop
+from tests.factories import make_tiny_demo_policy
+from training import loop
 from training.loop_tasks import generate_round, loop_tick
 from training.models import ModelVersion, TrainingRun
 
@@ -57,13 +58,7 @@ def _label(project: Project, url: str) -> None:
 
 @pytest.fixture
 def tiny_base_policy(tmp_path):
-    from training.trainers.tiny import build_tiny_causal_lm, train_tokenizer
-
-    tokenizer = train_tokenizer(demo.tokenizer_training_texts(), vocab_size=300)
-    path = build_tiny_causal_lm(
-        tokenizer, tmp_path / "policy", n_layer=1, n_embd=32, n_head=2, n_positions=64
-    )
-    return ModelVersion.objects.create(name="tiny-base", artifact_path=str(path))
+    return make_tiny_demo_policy(tmp_path / "policy", name="tiny-base", n_positions=64)
 
 
 def test_two_rounds_close_through_a_real_worker(live_server, tiny_base_policy, tmp_path):

@@ -175,7 +175,7 @@ def test_rm_margin_scores_text_prompts_as_a_user_turn_for_a_chat_trained_model(
     chosen = loop.prompts_select(
         project=project,
         settings=pool_settings("rm_margin", n=8, random_share=0.0),
-        reward_model=model,
+        reward_models=[model],
     )
 
     assert chosen == expected
