@@ -4,7 +4,9 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+# Workers and beat started without a settings module get production settings (which refuse
+# to load without a secret key); manage.py keeps the local default for the demo commands.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 app = Celery("prefloop")
 app.config_from_object("django.conf:settings", namespace="CELERY")

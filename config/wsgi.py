@@ -4,5 +4,7 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+# A server started without a settings module gets production settings, which refuse to load
+# without a secret key, never the development settings with DEBUG on and a known key.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 application = get_wsgi_application()

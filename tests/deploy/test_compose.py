@@ -390,3 +390,83 @@ def test_dockerignore_keeps_secrets_and_tooling_out_but_the_app_in():
     for path in needed:
         for pattern in ignored:
             assert pattern.rstrip("/") != path, f".dockerignore drops {path}"
+
+
+# --- compose: Redis and PostgreSQL stay private ----------------------------------------------
+def _substitute(text: str, values: dict[str, str]) -> str:
+    """Return text as compose passes it on: ${NAME...} filled in, $$ turned into $."""
+    text = re.sub(r"\$\{(\w+)(?::?[?-][^}]*)?\}", lambda m: values[m[1]], text)
+    return text.replace("$$", "$")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_db_and_redis_publish_no_port_and_no_service_uses_the_host_network():
+    for name in ("db", "redis"):
+        assert "ports" not in SERVICES[name], f"{name} publishes a port"
+    for name, service in SERVICES.items():
+        assert service.get("network_mode") != "host", name
+    # Only the web service is published, on loopback unless .env says otherwise.
+    published = [name for name, service in SERVICES.items() if service.get("ports")]
+    assert published == ["web"]
+    assert _env_example()["PREFLOOP_HTTP_BIND"]["value"].startswith("127.0.0.1:")
+
+
+def test_redis_requires_the_password_every_broker_url_carries(tmp_path):
+    import subprocess
+    import time
+
+    import kombu
+
+    password = "t0psecret" + "x" * 20
+    redis = SERVICES["redis"]
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${REDIS_PASSWORD:?")
+    argv = [_substitute(arg, {"REDIS_PASSWORD": password}) for arg in _command(redis)]
+    assert password not in " ".join(argv), "the password would show in the process list"
+    # Run the service's own command (on a free port, in a scratch folder) as compose would.
+    port = _free_port()
+    argv[-1] = argv[-1].replace("redis-server", f"redis-server --port {port} --dir {tmp_path}", 1)
+    env = {"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": password}
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        cli = ["redis-cli", "-p", str(port), "ping"]
+        for _ in range(50):
+            anonymous = subprocess.run(cli, capture_output=True, text=True, env=env, check=False)
+            if anonymous.stdout.strip():
+                break
+            time.sleep(0.1)
+        assert "NOAUTH" in anonymous.stdout
+        # The health check authenticates through REDISCLI_AUTH.
+        check = redis["healthcheck"]["test"]
+        assert check[:2] == ["CMD", "redis-cli"]
+        healthy = subprocess.run(
+            [*check[1:2], "-p", str(port), *check[2:]],
+            capture_output=True,
+            text=True,
+            env={**env, "REDISCLI_AUTH": password},
+            check=False,
+        )
+        assert healthy.stdout.strip() == "PONG"
+        # Every app service's broker URL carries the password and reaches the server.
+        for name in APP_SERVICES:
+            url = _substitute(
+                SERVICES[name]["environment"]["CELERY_BROKER_URL"], {"REDIS_PASSWORD": password}
+            )
+            assert url.startswith(f"redis://:{password}@redis:6379/"), name
+            local = url.replace("@redis:6379", f"@127.0.0.1:{port}")
+            with kombu.Connection(local, connect_timeout=5) as connection:
+                connection.ensure_connection(max_retries=1)
+            wrong = url.replace(password, "wrong").replace("@redis:6379", f"@127.0.0.1:{port}")
+            refused = pytest.raises(Exception, match=r"(?i)password|WRONGPASS|auth")
+            with refused, kombu.Connection(wrong, connect_timeout=5) as connection:
+                connection.ensure_connection(max_retries=1)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

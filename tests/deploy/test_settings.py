@@ -334,3 +334,57 @@ def test_web_health_check_passes_against_a_running_server(server, source):
         dead, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode != 0
+
+
+# --- which settings a process starts on ----------------------------------------------------
+def _env_without_settings(**overrides) -> dict:
+    env = _env(**overrides)
+    del env["DJANGO_SETTINGS_MODULE"]
+    return env
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import config.wsgi",
+        # What `celery -A config worker` and beat do before they consume: set Django up.
+        "from config.celery import app; app.loader.import_default_modules()",
+    ],
+)
+def test_servers_default_to_production_settings_which_need_a_secret(code):
+    # Given no settings module and no secret, the server refuses to start with a clear error.
+    refused = _python(code, _env_without_settings(DJANGO_SECRET_KEY=None))
+    assert refused.returncode != 0
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("django.core.exceptions.ImproperlyConfigured"), refused.stderr
+    assert "Set the DJANGO_SECRET_KEY environment variable" in last
+    # With the secret it starts, on the production settings.
+    started = _python(
+        f"{code}\nimport os; from django.conf import settings; "
+        "print(os.environ['DJANGO_SETTINGS_MODULE'], settings.DEBUG)",
+        _env_without_settings(),
+    )
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.split()[-2:] == ["config.settings.production", "False"]
+
+
+def test_manage_py_keeps_the_local_settings_for_the_readme_commands():
+    env = _env_without_settings(DJANGO_SECRET_KEY=None, DJANGO_ALLOWED_HOSTS=None)
+    env["DATABASE_URL"] = ""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "shell",
+            "-c",
+            "from django.conf import settings; print(settings.SETTINGS_MODULE)",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "config.settings.local"

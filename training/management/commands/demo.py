@@ -222,12 +222,9 @@ class Command(BaseCommand):
         return version
 
     def _serve(self, port: int) -> subprocess.Popen:
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": os.environ.get(
-                "DJANGO_SETTINGS_MODULE", "config.settings.local"
-            ),
-        }
+        # The server runs on this command's own settings: config.wsgi alone would default to
+        # production settings, which need a secret key the demo does not have.
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE}
         server = subprocess.Popen(
             [
                 sys.executable,
