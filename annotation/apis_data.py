@@ -19,6 +19,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -129,8 +130,9 @@ class DatasetListApi(APIView):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        policy = _export_policy(project=project, data=data["policy"])
         dv = exports.dataset_version_create(
-            project=project, policy=data["policy"], name=data["name"], user=request.user
+            project=project, policy=policy, name=data["name"], user=request.user
         )
         if data["sync"]:
             try:
@@ -148,6 +150,26 @@ class DatasetListApi(APIView):
             return Response(DatasetVersionOutput(dv).data, status=status.HTTP_201_CREATED)
         tasks.build_dataset_version_on_commit(dv.pk)
         return Response(DatasetVersionOutput(dv).data, status=status.HTTP_202_ACCEPTED)
+
+
+def _export_policy(*, project, data: dict) -> exports.ExportPolicy:
+    """Return the checked policy; its round numbers must be rounds of this project."""
+    try:
+        policy = exports.ExportPolicy.from_dict(data)
+    except (TypeError, ValueError) as exc:  # e.g. rounds: ["x"], margins: 5
+        raise ValidationError({"policy": [f"invalid policy: {exc}"]}) from None
+    if policy.rounds:
+        known = set(
+            Round.objects.filter(project=project, number__in=policy.rounds).values_list(
+                "number", flat=True
+            )
+        )
+        missing = sorted(set(policy.rounds) - known)
+        if missing:
+            raise ValidationError(
+                {"policy": [f"rounds: this project has no round {', '.join(map(str, missing))}."]}
+            )
+    return policy
 
 
 class DatasetDetailApi(APIView):

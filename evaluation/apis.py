@@ -14,7 +14,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from annotation.models import Round
+from annotation.models import Membership, Round
 from evaluation import selectors, services
 from evaluation.models import AnnotatorAssessment
 from evaluation.tasks import qc_check_project_task
@@ -106,6 +106,9 @@ class AnnotatorAssessmentListApi(APIView):
     @extend_schema(responses=AssessmentOutput(many=True))
     def get(self, request, project_id: int, user_id: int):
         project = services.project_for_manager(project_id=project_id, user=request.user)
+        # Someone who never joined the project is not named here (as resume answers).
+        if not Membership.objects.filter(project=project, user_id=user_id).exists():
+            raise services.NotFound("No such annotator in this project.")
         rows = selectors.annotator_assessments(project=project, annotator_id=user_id)
         return Response(AssessmentOutput(rows, many=True).data)
 

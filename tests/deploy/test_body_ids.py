@@ -1,0 +1,444 @@
+"""Ids of another project's objects, in the URL, the query string or the body, get nothing.
+
+Two projects: A, where the callers work, and B, whose objects they name. Each row of
+`CASES` is one request that names something of B from inside A: a round number only B has,
+B's dataset version, run, model version, item, assignment or annotator. Every row is sent
+as a researcher, a reviewer and an annotator of A and as a user with no membership at all,
+each inside a savepoint that is rolled back. Checked for each:
+- a refusal (403 or 404; a 400 only if its message names the field), never a 2xx or 5xx;
+  rows marked `listing` may answer 2xx (a list filtered to what the caller may see);
+- nothing of B in the answer (distinctive strings planted in B's rows);
+- nothing created or changed: every row of the project's apps reads the same afterwards.
+
+A new endpoint that takes an id gets a row here (and its URL a rule in url_access.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from django.apps import apps
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import transaction
+from django.test import Client
+
+from annotation import services
+from annotation.models import DatasetVersion, Item, Membership, Round
+from evaluation.models import AnnotatorAssessment
+from tests.factories import add_member, make_items, make_project, make_user
+from training.models import ModelVersion, TrainingRun
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.filterwarnings("ignore:No directory at"),  # whitenoise, no collectstatic
+]
+
+APPS = ("annotation", "training", "evaluation", "authtoken", "django_celery_beat")
+ROLES = ("researcher", "reviewer", "annotator", "nobody")
+# A round number, and a dataset version number, that only project B has.
+B_ROUND = 7
+B_VERSION = 2
+# Planted in B's rows; none may reach a caller from A.
+B_SECRETS = (
+    "b-model-secret-6121",
+    "b-run-secret-7310",
+    "b-dataset-secret-4402",
+    "b-prompt-secret-9904",
+    "b-annotator-secret-5518",
+    "b-rationale-secret-2290",
+)
+
+
+@dataclass
+class World:
+    a: object = None
+    b: object = None
+    users: dict = field(default_factory=dict)
+    a_dataset: object = None
+    a_model: object = None
+    b_dataset: object = None
+    b_run: object = None
+    b_model: object = None
+    b_item: object = None
+    b_lease: object = None
+    b_annotator: object = None
+
+
+@pytest.fixture
+def world(db, tmp_path, settings) -> World:
+    """Project A with a member of each role; project B with one object of every kind."""
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    w = World()
+    w.a = make_project(name="project A")
+    w.b = make_project(name="project B", ask_rationale=True)
+    w.users = {
+        "researcher": make_user("a-researcher"),
+        "reviewer": make_user("a-reviewer"),
+        "annotator": make_user("a-annotator"),
+        "nobody": make_user("no-member"),
+    }
+    add_member(w.a, w.users["researcher"], Membership.Role.RESEARCHER)
+    add_member(w.a, w.users["reviewer"], Membership.Role.REVIEWER)
+    add_member(w.a, w.users["annotator"])
+    a_round = Round.objects.create(project=w.a, number=1)
+    make_items(w.a, 2, round_=a_round)
+
+    # B: a round number A lacks, items with a label and a live lease, QC rows.
+    b_researcher = make_user("b-researcher")
+    w.b_annotator = make_user(B_SECRETS[4])
+    add_member(w.b, b_researcher, Membership.Role.RESEARCHER)
+    add_member(w.b, w.b_annotator)
+    b_round = Round.objects.create(project=w.b, number=B_ROUND)
+    items = make_items(w.b, 3, round_=b_round, models=(B_SECRETS[0], "b-baseline"))
+    Item.objects.filter(pk=items[0].pk).update(needs_review=True)
+    items[0].prompt.text = B_SECRETS[3]
+    items[0].prompt.save(update_fields=["text"])
+    first = services.assignment_next(project_id=w.b.pk, user=w.b_annotator)
+    services.judgment_submit(
+        assignment_id=first.pk, user=w.b_annotator, choice="A", rationale=B_SECRETS[5]
+    )
+    w.b_item = first.item
+    w.b_lease = services.assignment_next(project_id=w.b.pk, user=w.b_annotator)
+    AnnotatorAssessment.objects.create(
+        project=w.b, annotator=w.b_annotator, verdict="pass", reasons=[B_SECRETS[4]]
+    )
+
+    # Datasets, a run and the model it made: A's are the ones A may use.
+    w.a_dataset = _dataset(tmp_path, w.a, 1, "a-dataset")
+    w.b_dataset = _dataset(tmp_path, w.b, B_VERSION, B_SECRETS[2])
+    (tmp_path / "a-model").mkdir()
+    (tmp_path / "a-model" / "config.json").write_text("{}")
+    w.a_model = ModelVersion.objects.create(
+        name="a-model", artifact_path=str(tmp_path / "a-model"), dataset_version=w.a_dataset
+    )
+    w.b_run = TrainingRun.objects.create(
+        recipe="reward",
+        project=w.b,
+        dataset_version=w.b_dataset,
+        config={"note": B_SECRETS[1]},
+        status=TrainingRun.Status.QUEUED,
+    )
+    w.b_model = ModelVersion.objects.create(
+        name=B_SECRETS[0],
+        kind=ModelVersion.Kind.REWARD,
+        artifact_path=str(tmp_path / "b-model"),
+        training_run=w.b_run,
+        dataset_version=w.b_dataset,
+    )
+    return w
+
+
+def _dataset(tmp_path, project, version: int, name: str) -> DatasetVersion:
+    folder = tmp_path / f"dataset-{project.pk}-{version}"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(f'{{"name": "{name}"}}')
+    (folder / "train.jsonl").write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    return DatasetVersion.objects.create(
+        project=project,
+        version=version,
+        name=name,
+        status=DatasetVersion.Status.READY,
+        content_hash="0" * 64,
+        path=str(folder),
+    )
+
+
+# --- the table -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One request naming B's object from inside A."""
+
+    name: str
+    method: str
+    path: Callable[[World], str]
+    body: Callable[[World], dict] | None = None
+    # json (API), multipart (file uploads) or form (web pages)
+    encoding: str = "json"
+    # The field that names B's object: a 400 must say which field is wrong.
+    field: str = ""
+    # A filtered list or page: a 2xx is fine when nothing of B is in it.
+    listing: bool = False
+
+
+def _items_file() -> SimpleUploadedFile:
+    line = b'{"prompt": "new prompt", "candidates": [{"text": "x"}, {"text": "y"}]}\n'
+    return SimpleUploadedFile("items.jsonl", line)
+
+
+def _preferences_file() -> SimpleUploadedFile:
+    return SimpleUploadedFile("prefs.jsonl", b'{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+
+
+def _run_body(**ids) -> Callable[[World], dict]:
+    """Return a training run request naming the given objects (callables of the world)."""
+    return lambda w: {"recipe": "reward", "config": {}, **{k: f(w) for k, f in ids.items()}}
+
+
+A = lambda w: w.a.pk  # noqa: E731
+B = lambda w: w.b.pk  # noqa: E731
+A_DATASET = lambda w: w.a_dataset.pk  # noqa: E731
+B_DATASET = lambda w: w.b_dataset.pk  # noqa: E731
+
+CASES = [
+    # --- ids in the body ---
+    Case(
+        "import items into B's round number",
+        "POST",
+        lambda w: f"/api/projects/{w.a.pk}/import/",
+        lambda w: {"file": _items_file(), "round": str(B_ROUND)},
+        encoding="multipart",
+        field="round",
+    ),
+    Case(
+        "import preferences into B's round number",
+        "POST",
+        lambda w: f"/api/projects/{w.a.pk}/import-preferences/",
+        lambda w: {"file": _preferences_file(), "format": "trl", "round": str(B_ROUND)},
+        encoding="multipart",
+        field="round",
+    ),
+    Case(
+        "export with B's round numbers",
+        "POST",
+        lambda w: f"/api/projects/{w.a.pk}/datasets/",
+        lambda w: {"name": "x", "policy": {"rounds": [B_ROUND]}},
+        field="rounds",
+    ),
+    Case(
+        "train A's project on B's dataset",
+        "POST",
+        lambda w: "/api/training/runs/",
+        _run_body(project_id=A, dataset_version_id=B_DATASET),
+        field="dataset_version_id",
+    ),
+    Case(
+        "train on B's dataset",
+        "POST",
+        lambda w: "/api/training/runs/",
+        _run_body(dataset_version_id=B_DATASET),
+        field="dataset_version_id",
+    ),
+    Case(
+        "train B's project on A's dataset",
+        "POST",
+        lambda w: "/api/training/runs/",
+        _run_body(project_id=B, dataset_version_id=A_DATASET),
+        field="project_id",
+    ),
+    Case(
+        "train from B's model",
+        "POST",
+        lambda w: "/api/training/runs/",
+        _run_body(project_id=A, dataset_version_id=A_DATASET, base_model_id=lambda w: w.b_model.pk),
+        field="base_model_id",
+    ),
+    # --- ids in the query string ---
+    Case(
+        "agreement of B's round number",
+        "GET",
+        lambda w: f"/api/qc/projects/{w.a.pk}/agreement/?round={B_ROUND}&live=true&n_boot=5",
+    ),
+    Case(
+        "labels of B's round number",
+        "GET",
+        lambda w: f"/api/qc/projects/{w.a.pk}/labels/?round={B_ROUND}",
+    ),
+    Case(
+        "runs filtered to project B",
+        "GET",
+        lambda w: f"/api/training/runs/?project={w.b.pk}",
+        listing=True,
+    ),
+    Case("reward models", "GET", lambda w: "/api/training/models/?kind=reward", listing=True),
+    Case(
+        "dashboard of A showing B's run",
+        "GET",
+        lambda w: f"/dashboard/projects/{w.a.pk}/training/?run={w.b_run.pk}",
+        listing=True,
+    ),
+    Case(
+        "dashboard of A showing B's reward model",
+        "GET",
+        lambda w: f"/dashboard/projects/{w.a.pk}/reward-models/?rm={w.b_model.pk}",
+        listing=True,
+    ),
+    Case(
+        "dashboard of A at B's round number",
+        "GET",
+        lambda w: f"/dashboard/projects/{w.a.pk}/?round={B_ROUND}",
+        listing=True,
+    ),
+    # --- ids in the URL, under A's project or alone ---
+    Case(
+        "close B's round number",
+        "POST",
+        lambda w: f"/api/projects/{w.a.pk}/rounds/{B_ROUND}/close/",
+    ),
+    Case(
+        "B's dataset version number",
+        "GET",
+        lambda w: f"/api/projects/{w.a.pk}/datasets/{B_VERSION}/",
+    ),
+    Case(
+        "B's dataset file",
+        "GET",
+        lambda w: f"/api/projects/{w.a.pk}/datasets/{B_VERSION}/files/manifest.json",
+    ),
+    Case(
+        "B's annotator's assessments",
+        "GET",
+        lambda w: f"/api/qc/projects/{w.a.pk}/annotators/{w.b_annotator.pk}/assessments/",
+    ),
+    Case(
+        "resume B's annotator",
+        "POST",
+        lambda w: f"/api/qc/projects/{w.a.pk}/annotators/{w.b_annotator.pk}/resume/",
+        lambda w: {"note": "back"},
+    ),
+    Case("review B's item", "GET", lambda w: f"/api/qc/items/{w.b_item.pk}/"),
+    Case(
+        "adjudicate B's item",
+        "POST",
+        lambda w: f"/api/qc/items/{w.b_item.pk}/adjudications/",
+        lambda w: {"choice": "B", "note": "B wins"},
+    ),
+    Case(
+        "submit on B's lease",
+        "POST",
+        lambda w: f"/api/assignments/{w.b_lease.pk}/submit/",
+        lambda w: {"choice": "A", "idempotency_key": "k1"},
+    ),
+    Case(
+        "skip B's lease",
+        "POST",
+        lambda w: f"/api/assignments/{w.b_lease.pk}/skip/",
+        lambda w: {"reason": "unreadable"},
+    ),
+    Case("heartbeat on B's lease", "POST", lambda w: f"/api/assignments/{w.b_lease.pk}/heartbeat/"),
+    Case(
+        "skip B's lease from A's task page",
+        "POST",
+        lambda w: f"/projects/{w.a.pk}/annotate/{w.b_lease.pk}/skip/",
+        lambda w: {"reason": "unreadable"},
+        encoding="form",
+    ),
+    Case("B's run", "GET", lambda w: f"/api/training/runs/{w.b_run.pk}/"),
+    Case("cancel B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/cancel/"),
+    Case("resume B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/resume/"),
+    Case("B's model version", "GET", lambda w: f"/api/training/models/{w.b_model.pk}/"),
+    Case("B's run on the dashboard", "GET", lambda w: f"/dashboard/runs/{w.b_run.pk}/"),
+]
+
+
+# --- checking ------------------------------------------------------------------------------
+def _snapshot() -> dict[str, list]:
+    """Return every row of the project's apps, so any change shows up."""
+    return {
+        model._meta.label: list(model._default_manager.order_by("pk").values())
+        for label in APPS
+        for model in apps.get_app_config(label).get_models()
+    }
+
+
+def _send(client: Client, case: Case, w: World):
+    path = case.path(w)
+    if case.method == "GET":
+        return client.get(path)
+    body = case.body(w) if case.body else {}
+    if case.encoding == "json":
+        return client.post(path, data=body, content_type="application/json")
+    return client.post(path, data=body)  # multipart, as browsers and uploads send it
+
+
+def _text(response) -> str:
+    if getattr(response, "streaming", False):
+        return b"".join(response.streaming_content).decode("utf-8", "replace")
+    return response.content.decode("utf-8", "replace")
+
+
+def _names(text: str, field: str) -> bool:
+    """Return whether an error message names the field (`dataset_version_id` or in words)."""
+    words = field.removesuffix("_id").replace("_", " ")
+    return bool(field) and (field in text or words in text.lower())
+
+
+def _problems(case: Case, role: str, w: World) -> list[str]:
+    client = Client()
+    client.force_login(w.users[role])
+    with transaction.atomic():
+        before = _snapshot()
+        response = _send(client, case, w)
+        text = _text(response)
+        changed = [label for label, rows in _snapshot().items() if before[label] != rows]
+        transaction.set_rollback(True)
+    status = response.status_code
+    where = f"{case.name} as {role}: {case.method} {case.path(w)} -> {status}"
+    problems = []
+    if status >= 500:
+        problems.append(f"{where}: server error")
+    elif 200 <= status < 300 and not case.listing:
+        problems.append(f"{where}: let in ({text[:200]})")
+    elif status == 400 and not _names(text, case.field):
+        problems.append(f"{where}: a 400 that does not name {case.field or 'the id'}: {text[:200]}")
+    elif 300 <= status < 400:
+        problems.append(f"{where}: redirected to {response.get('Location')} instead of refused")
+    leaked = [s for s in B_SECRETS if s in text]
+    if leaked:
+        problems.append(f"{where}: shows {leaked}")
+    if changed:
+        problems.append(f"{where}: changed {changed}")
+    return problems
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_naming_another_projects_object_gets_nothing(world, case):
+    problems = [p for role in ROLES for p in _problems(case, role, world)]
+    assert not problems, "\n".join(problems)
+
+
+# The same requests naming A's own objects go through for A's researcher, so the refusals
+# above come from the ids, not from a request that could never work.
+CONTROLS = [
+    Case(
+        "import items into A's round",
+        "POST",
+        lambda w: f"/api/projects/{w.a.pk}/import/",
+        lambda w: {"file": _items_file(), "round": "1"},
+        encoding="multipart",
+    ),
+    Case(
+        "import preferences into A's round",
+        "POST",
+        lambda w: f"/api/projects/{w.a.pk}/import-preferences/",
+        lambda w: {"file": _preferences_file(), "format": "trl", "round": "1"},
+        encoding="multipart",
+    ),
+    Case(
+        "export with A's round numbers",
+        "POST",
+        lambda w: f"/api/projects/{w.a.pk}/datasets/",
+        lambda w: {"name": "x", "policy": {"rounds": [1]}},
+    ),
+    Case(
+        "train A's project on A's dataset",
+        "POST",
+        lambda w: "/api/training/runs/",
+        _run_body(project_id=A, dataset_version_id=A_DATASET, base_model_id=lambda w: w.a_model.pk),
+    ),
+    Case(
+        "agreement of A's round", "GET", lambda w: f"/api/qc/projects/{w.a.pk}/agreement/?round=1"
+    ),
+    Case("labels of A's round", "GET", lambda w: f"/api/qc/projects/{w.a.pk}/labels/?round=1"),
+]
+
+
+@pytest.mark.parametrize("case", CONTROLS, ids=[c.name for c in CONTROLS])
+def test_the_same_request_naming_own_objects_goes_through(world, case):
+    client = Client()
+    client.force_login(world.users["researcher"])
+    with transaction.atomic():
+        response = _send(client, case, world)
+        transaction.set_rollback(True)
+    assert 200 <= response.status_code < 300, _text(response)[:500]
