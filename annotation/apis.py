@@ -17,6 +17,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from annotation import selectors, services
 from annotation.importers import ImportFailed, items_import
 from annotation.models import Membership, Project, Round, TaskKind
+from annotation.pagination import paginate
 
 
 class ServiceUnavailable(APIException):
@@ -210,8 +211,8 @@ class ProjectListApi(APIView):
 
     @extend_schema(responses=ProjectOutput(many=True))
     def get(self, request):
-        projects = selectors.project_list_for_user(user=request.user)
-        return Response(ProjectOutput(projects, many=True).data)
+        projects = selectors.project_list_for_user(user=request.user).order_by("name", "pk")
+        return paginate(request=request, view=self, rows=projects, serializer_class=ProjectOutput)
 
     @extend_schema(request=InputSerializer, responses=ProjectResearcherOutput)
     def post(self, request):
@@ -272,7 +273,10 @@ class RoundListApi(APIView):
     @extend_schema(responses=OutputSerializer(many=True))
     def get(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
-        return Response(self.OutputSerializer(project.rounds.all(), many=True).data)
+        rounds = project.rounds.order_by("number")
+        return paginate(
+            request=request, view=self, rows=rounds, serializer_class=self.OutputSerializer
+        )
 
     @extend_schema(request=None, responses=OutputSerializer)
     def post(self, request, project_id: int):

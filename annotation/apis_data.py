@@ -29,6 +29,7 @@ from annotation.apis import _project_for_manager
 from annotation.importers import ImportFailed
 from annotation.importers_pref import FORMATS, preferences_import
 from annotation.models import DatasetVersion, Round
+from annotation.pagination import paginate
 
 
 class DatasetVersionOutput(serializers.ModelSerializer):
@@ -115,7 +116,9 @@ class DatasetListApi(APIView):
     def get(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
         versions = DatasetVersion.objects.filter(project=project).order_by("-version")
-        return Response(DatasetVersionOutput(versions, many=True).data)
+        return paginate(
+            request=request, view=self, rows=versions, serializer_class=DatasetVersionOutput
+        )
 
     @extend_schema(
         request=InputSerializer,

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from annotation.models import Membership, Round
 from evaluation import selectors, services
+from evaluation.agreement_cache import project_agreement_cached
 from evaluation.models import AnnotatorAssessment
 from evaluation.tasks import qc_check_project_task
 
@@ -26,13 +27,19 @@ class AgreementApi(APIView):
     class QuerySerializer(serializers.Serializer):
         round = serializers.IntegerField(required=False, min_value=1)
         live = serializers.BooleanField(required=False, default=False)
-        n_boot = serializers.IntegerField(required=False, default=200, min_value=0)
-        seed = serializers.IntegerField(required=False, default=0)
+        n_boot = serializers.IntegerField(
+            required=False, default=200, min_value=0, max_value=MAX_BOOT
+        )
+        seed = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**32 - 1)
 
     @extend_schema(
         parameters=[
             OpenApiParameter("round", int, description="Round number (default: all rounds)."),
-            OpenApiParameter("live", bool, description="Compute now instead of the stored one."),
+            OpenApiParameter(
+                "live",
+                bool,
+                description="Compute now instead of the stored one (cached until labels change).",
+            ),
             OpenApiParameter("n_boot", int, description=f"Bootstrap replicates (<= {MAX_BOOT})."),
             OpenApiParameter("seed", int),
         ],
@@ -52,11 +59,8 @@ class AgreementApi(APIView):
                 return Response(
                     {"stored": True, "computed_at": stored.created_at, "report": stored.report}
                 )
-        report = selectors.project_agreement(
-            project=project,
-            round_=round_,
-            n_boot=min(params["n_boot"], MAX_BOOT),
-            seed=params["seed"],
+        report = project_agreement_cached(
+            project=project, round_=round_, n_boot=params["n_boot"], seed=params["seed"]
         )
         return Response({"stored": False, "computed_at": None, "report": report})
 

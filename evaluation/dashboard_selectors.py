@@ -23,6 +23,7 @@ import csv
 import io
 import json
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -48,6 +49,7 @@ from annotation.models import (
     TaskKind,
 )
 from evaluation import curves, leaderboard, quality, winrate
+from evaluation.agreement_cache import project_agreement_cached
 from training.models import ModelVersion, TrainingRun
 
 # Size caps: pages stay fast on big projects; each cap is named on the page when it bites.
@@ -134,8 +136,9 @@ class Panel:
     def as_csv(self) -> str:
         """Return the table as CSV (full precision; empty cell for a missing value)."""
         out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(self.columns)
+        # RFC 4180 line ends: a cell holding a lone carriage return is quoted too.
+        writer = csv.writer(out, lineterminator="\r\n")
+        writer.writerow([csv_cell(column) for column in self.columns])
         for row in self.rows:
             writer.writerow(["" if v is None else csv_cell(v) for v in row])
         return out.getvalue()
@@ -154,12 +157,25 @@ def format_cell(value: Any) -> str:
     return str(value)
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula ("CSV injection",
+# OWASP); text cells get a leading apostrophe so they stay text. Tab and carriage return are
+# on the list because some spreadsheets strip them and then read the rest as a formula.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
 def csv_cell(value: Any) -> Any:
+    """Return a value as written to a CSV cell: numbers as numbers, formula-like text escaped."""
+    if isinstance(value, bool):
+        return value
     if isinstance(value, float) and not math.isfinite(value):
         return ""
-    if isinstance(value, list | dict):
-        return json.dumps(value)
-    return value
+    if isinstance(value, int | float | np.number):
+        return value
+    text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    if text.startswith(FORMULA_START) and not _NUMBER.fullmatch(text):
+        return "'" + text
+    return text
 
 
 def finite(value: Any) -> Any:
@@ -360,7 +376,12 @@ class ProjectData:
         """
         if selector not in self._qc:
             stored = self._stored_agreement() if selector == "project_agreement" else None
-            self._qc[selector] = stored or qc_selector(selector)(**kwargs)
+            compute = (
+                project_agreement_cached
+                if selector == "project_agreement"
+                else qc_selector(selector)
+            )
+            self._qc[selector] = stored or compute(**kwargs)
         return self._qc[selector]
 
     def _stored_agreement(self) -> dict | None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from annotation import selectors as annotation_selectors
 from annotation.models import DatasetVersion, Project
+from annotation.pagination import BoundedLimitOffsetPagination
 from training import selectors, services
 from training.models import ModelVersion, Recipe, TrainingRun
 
@@ -161,7 +161,7 @@ class TrainingRunListApi(ResearcherApi):
             project_id=int(project_id) if project_id and project_id.isdigit() else None,
             status=request.query_params.get("status", ""),
         ).select_related("model_version")
-        paginator = LimitOffsetPagination()
+        paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(runs, request, view=self)
         return paginator.get_paginated_response(TrainingRunOutput(page, many=True).data)
 
@@ -247,7 +247,7 @@ class ModelVersionListApi(ResearcherApi):
         versions = selectors.model_version_list(
             user=request.user, kind=request.query_params.get("kind", "")
         )
-        paginator = LimitOffsetPagination()
+        paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(versions, request, view=self)
         return paginator.get_paginated_response(ModelVersionOutput(page, many=True).data)
 
