@@ -1,7 +1,14 @@
-"""Admin registrations for researchers: list displays, filters and search."""
+"""Admin registrations for researchers: list displays, filters and search.
 
-from django.contrib import admin
+Judgments are read-only here and nothing that holds them can be deleted (their foreign keys
+PROTECT): users are deactivated and projects and rounds archived, through the actions below.
+"""
 
+from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+
+from annotation import accounts
 from annotation.models import (
     Adjudication,
     Assignment,
@@ -28,10 +35,33 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ["name", "task_kind", "k", "overlap", "gold_rate", "repeat_rate", "created_at"]
-    list_filter = ["task_kind"]
+    list_display = [
+        "name",
+        "task_kind",
+        "k",
+        "overlap",
+        "gold_rate",
+        "repeat_rate",
+        "archived",
+        "created_at",
+    ]
+    list_filter = ["archived", "task_kind"]
     search_fields = ["name", "rubric"]
+    readonly_fields = ["archived"]
     inlines = [MembershipInline]
+    actions = ["archive_projects", "unarchive_projects"]
+
+    @admin.action(description="Archive the selected projects (hide from annotators, keep data)")
+    def archive_projects(self, request, queryset):
+        for project in queryset:
+            accounts.project_archive(project=project)
+        self.message_user(request, f"{len(queryset)} project(s) archived.")
+
+    @admin.action(description="Bring the selected projects back from the archive")
+    def unarchive_projects(self, request, queryset):
+        for project in queryset:
+            accounts.project_archive(project=project, archived=False)
+        self.message_user(request, f"{len(queryset)} project(s) taken out of the archive.")
 
 
 @admin.register(Membership)
@@ -44,8 +74,24 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(Round)
 class RoundAdmin(admin.ModelAdmin):
-    list_display = ["project", "number", "status", "model_version", "created_at", "closed_at"]
-    list_filter = ["status", "project"]
+    list_display = [
+        "project",
+        "number",
+        "status",
+        "archived",
+        "model_version",
+        "created_at",
+        "closed_at",
+    ]
+    list_filter = ["status", "archived", "project"]
+    readonly_fields = ["archived"]
+    actions = ["archive_rounds"]
+
+    @admin.action(description="Archive the selected rounds (close for good, keep data)")
+    def archive_rounds(self, request, queryset):
+        for round_ in queryset:
+            accounts.round_archive(round_=round_)
+        self.message_user(request, f"{len(queryset)} round(s) archived.")
 
 
 @admin.register(Prompt)
@@ -109,6 +155,16 @@ class JudgmentAdmin(admin.ModelAdmin):
     search_fields = ["annotator__username", "rationale", "qc_flag"]
     raw_id_fields = ["item", "assignment"]
 
+    # Labels are evidence: QC flags them through its own services, nobody edits or deletes.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(Skip)
 class SkipAdmin(admin.ModelAdmin):
@@ -127,3 +183,25 @@ class DatasetVersionAdmin(admin.ModelAdmin):
     list_display = ["project", "version", "name", "status", "content_hash", "created_at"]
     list_filter = ["project", "status"]
     readonly_fields = ["content_hash", "split_counts", "policies", "filters", "source_rounds"]
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class AccountAdmin(UserAdmin):
+    """Django's user admin, with deactivation and token revocation as actions."""
+
+    actions = ["deactivate_users", "revoke_tokens"]
+
+    @admin.action(description="Deactivate the selected users (keep their judgments)")
+    def deactivate_users(self, request, queryset):
+        for user in queryset:
+            accounts.user_deactivate(user=user)
+        self.message_user(request, f"{len(queryset)} user(s) deactivated.")
+
+    @admin.action(description="Revoke the selected users' API tokens")
+    def revoke_tokens(self, request, queryset):
+        revoked = sum(accounts.token_revoke(user=user) for user in queryset)
+        self.message_user(request, f"{revoked} token(s) revoked.", messages.SUCCESS)

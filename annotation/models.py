@@ -47,6 +47,9 @@ class Project(models.Model):
     ask_confidence = models.BooleanField(default=False)
     ask_rationale = models.BooleanField(default=False)
     max_text_chars = models.PositiveIntegerField(default=100_000)
+    # Archived instead of deleted: not served or listed to annotators, still readable and
+    # exportable by its researchers, its judgments kept.
+    archived = models.BooleanField(default=False)
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
     )
@@ -122,6 +125,8 @@ class Round(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
     # Key of the job that created the round, so a redelivered job does not create it twice.
     source_key = models.CharField(max_length=200, blank=True)
+    # Archived instead of deleted; an archived round is closed (never served).
+    archived = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     closed_at = models.DateTimeField(null=True, blank=True)
 
@@ -133,6 +138,9 @@ class Round(models.Model):
                 fields=["project", "source_key"],
                 condition=~Q(source_key=""),
                 name="round_unique_source_key",
+            ),
+            models.CheckConstraint(
+                condition=Q(archived=False) | Q(status="closed"), name="round_archived_is_closed"
             ),
         ]
 
@@ -316,16 +324,18 @@ class Judgment(models.Model):
         SLIGHTLY = "slightly"
         MUCH = "much"
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="judgments")
-    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="judgments")
+    # PROTECT everywhere: an acknowledged judgment is never deleted along with its project,
+    # item, assignment or annotator (users are deactivated, projects and rounds archived).
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="judgments")
+    item = models.ForeignKey(Item, on_delete=models.PROTECT, related_name="judgments")
     assignment = models.OneToOneField(
-        Assignment, null=True, blank=True, on_delete=models.CASCADE, related_name="judgment"
+        Assignment, null=True, blank=True, on_delete=models.PROTECT, related_name="judgment"
     )
     annotator = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
+        on_delete=models.PROTECT,
         related_name="judgments",
     )
     external_rater = models.CharField(max_length=200, blank=True)

@@ -25,14 +25,20 @@ def project_list_for_user(*, user) -> QuerySet[Project]:
     """Return the projects a user may see: all for staff, their memberships otherwise."""
     if user.is_staff:
         return Project.objects.all()
-    return Project.objects.filter(memberships__user=user).distinct()
+    # Archived projects stay readable to the members who read labels, not to annotators.
+    # One filter() call: both conditions hold for the same membership row.
+    return Project.objects.filter(
+        Q(archived=False)
+        | Q(memberships__role__in=[Membership.Role.RESEARCHER, Membership.Role.REVIEWER]),
+        memberships__user=user,
+    ).distinct()
 
 
 def membership_get(*, project_id: int, user) -> Membership | None:
-    """Return the user's membership in a project, or None."""
+    """Return the user's membership in a project still served (not archived), or None."""
     return (
         Membership.objects.select_related("project")
-        .filter(project_id=project_id, user=user)
+        .filter(project_id=project_id, user=user, project__archived=False)
         .first()
     )
 

@@ -231,6 +231,8 @@ def assignment_next(
     rng = rng or random.Random()
     membership = _membership_for_update(project_id=project_id, user=user)
     project = membership.project
+    if project.archived:
+        raise NotFound("No such project.")
     if membership.status != Membership.Status.ACTIVE:
         raise Forbidden("Your annotation in this project is paused.", code="paused")
     now = timezone.now()
@@ -561,10 +563,11 @@ def user_label_source_remember(*, user, group: str | None) -> str:
 def simulated_annotator_ensure(
     *, project: Project, username: str, source: str = LabelSource.SIMULATED
 ) -> str:
-    """Create (or reuse) a machine annotator in a project and return its API token."""
+    """Create (or reuse) a machine annotator in a project and return a fresh API token."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
-    from rest_framework.authtoken.models import Token
+
+    from annotation.accounts import token_issue
 
     group_name = next(g for g, s in SOURCE_GROUPS.items() if s == source)
     user, created = get_user_model().objects.get_or_create(username=username)
@@ -573,7 +576,8 @@ def simulated_annotator_ensure(
         user.save(update_fields=["password"])
     user.groups.add(Group.objects.get_or_create(name=group_name)[0])
     Membership.objects.get_or_create(project=project, user=user)
-    return Token.objects.get_or_create(user=user)[0].key
+    # A new token per run: machine tokens do not expire, so none outlives its run.
+    return token_issue(user=user, fresh=True).key
 
 
 def membership_set(*, project: Project, user, role: str = Membership.Role.ANNOTATOR) -> Membership:

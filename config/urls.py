@@ -4,7 +4,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
-from rest_framework.authtoken.views import obtain_auth_token
+
+from annotation.apis_accounts import TokenObtainApi, TokenRevokeApi
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -12,7 +13,8 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
-    path("api/auth/token/", obtain_auth_token, name="api-token"),
+    path("api/auth/token/", TokenObtainApi.as_view(), name="api-token"),
+    path("api/auth/token/revoke/", TokenRevokeApi.as_view(), name="api-token-revoke"),
     path("api/training/", include("training.urls")),
     path("api/qc/", include("evaluation.urls")),
     path("api/", include("annotation.urls")),

@@ -1,5 +1,7 @@
 """Settings shared by every environment. Values come from the environment via config.env."""
 
+from datetime import timedelta
+
 from kombu import Queue
 
 from config.env import BASE_DIR, env
@@ -20,6 +22,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "django_celery_beat",
+    "axes",
     "annotation",
     "training",
     "evaluation",
@@ -35,6 +38,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
+    # Last, as django-axes asks: turns a lockout during login into a 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -68,6 +73,27 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Accounts: django-axes refuses a login (login page, admin, token endpoint) after
+# LOGIN_FAILURE_LIMIT bad passwords for one username from one address, for
+# LOGIN_COOLOFF_MINUTES. Its counters live in the default cache, which production points at
+# Redis so every web process sees the same counts.
+AUTHENTICATION_BACKENDS = [
+    "annotation.auth.LoginLockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_FAILURE_LIMIT = env.int("PREFLOOP_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("PREFLOOP_LOGIN_COOLOFF_MINUTES", default=15))
+# Behind the reverse proxy every client shares the proxy's address, so an address alone would
+# lock everyone out at once: count per username and address together.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# API tokens of human accounts stop working this long after they were issued; logging in
+# at /api/auth/token/ again issues a new one. Machine accounts get a fresh token per run.
+API_TOKEN_LIFETIME = timedelta(days=env.int("PREFLOOP_API_TOKEN_DAYS", default=30))
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

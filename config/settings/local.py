@@ -13,6 +13,9 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
+# Login lockout counters in local memory: enough for one development server, which is what
+# django-axes' warning about a per-process cache is about (production uses Redis).
+SILENCED_SYSTEM_CHECKS = ["axes.W001"]
 WHITENOISE_AUTOREFRESH = DEBUG
 
 # The embedded default: no broker to run. Tasks execute in the calling process unless a

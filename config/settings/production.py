@@ -10,7 +10,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env
 from config.settings.base import *  # noqa: F403
-from config.settings.base import CELERY_BROKER_TRANSPORT_OPTIONS, MIDDLEWARE
+from config.settings.base import (
+    CELERY_BROKER_TRANSPORT_OPTIONS,
+    CELERY_BROKER_URL,
+    MIDDLEWARE,
+)
 
 
 def _required(name: str, hint: str) -> str:
@@ -79,6 +83,16 @@ CSRF_COOKIE_SAMESITE = "Lax"
 # The Content-Security-Policy header ('self' only) is set by django-csp; keep it on.
 if "csp.middleware.CSPMiddleware" not in MIDDLEWARE:
     raise ImproperlyConfigured("csp.middleware.CSPMiddleware must be in MIDDLEWARE.")
+
+# One cache for every web process and worker: login lockout counters (django-axes) must be
+# seen by all of them. By default the broker's Redis (keys are prefixed, and expire).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env.str("DJANGO_CACHE_URL", default=CELERY_BROKER_URL),
+        "KEY_PREFIX": "prefloop",
+    },
+}
 
 # Training runs (training.services): "python" runs one process per run; "accelerate" runs
 # `accelerate launch <PREFLOOP_TRAINING_ACCELERATE_ARGS> -m training.trainers.cli ...`,

@@ -71,6 +71,8 @@ ACCESS: dict[str, Rule] = {
     "login": Rule(get=PUBLIC, post=PUBLIC, put=PUBLIC),  # Django's form views take PUT too
     "logout": Rule(post=PUBLIC),
     "api-token": Rule(post=PUBLIC),
+    # Revokes the caller's own token (204 even when they have none).
+    "api-token-revoke": Rule(post=LOGGED_IN),
     "api-schema": Rule(get=PUBLIC),
     "api-docs": Rule(get=PUBLIC),
     # --- annotator pages ---
