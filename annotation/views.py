@@ -3,7 +3,7 @@
 Everything shown is blind: the item comes from `selectors.assignment_payload` (no model,
 checkpoint, gold flag or assignment kind) and model/user text is rendered through a safe
 Markdown subset (raw HTML escaped, then sanitised by nh3). Judgments are posted by
-`static/js/annotate.js` to the JSON API (`/api/assignments/{id}/submit/`) with an idempotency
+`static/js/annotate/main.js` to the JSON API (`/api/assignments/{id}/submit/`) with an idempotency
 key, so a retried submit never records twice.
 """
 
@@ -20,7 +20,7 @@ from markdown_it import MarkdownIt
 
 from annotation import selectors, services
 from annotation.models import Assignment, Membership, Project, TaskKind
-from annotation.web_selectors import annotator_project_list
+from annotation.web_selectors import annotator_project_list, membership_pause_notice
 
 # Raw HTML in the source is escaped as text (html=False); images become the text
 # "[image: alt]", so no remote image is ever fetched; markdown-it already refuses
@@ -74,6 +74,7 @@ CONFIDENCE_LEVELS = [
     (5, "Certain"),
 ]
 PREVIEW_CHARS = 160
+_NOTICE_TITLES = {"skip_budget": "No more skips for now"}
 
 
 def render_untrusted(text: str) -> SafeString:
@@ -156,13 +157,22 @@ def _task_context(*, request: HttpRequest, membership: Membership) -> dict:
         "options": selectors.project_options(project),
         "is_pairwise": project.task_kind == TaskKind.PAIRWISE,
         "last_slot": selectors.SLOT_LABELS[project.k - 1],
+        # G toggles the guidelines; from seven cards on, G is also a card's letter.
+        "guidelines_key": (
+            "Shift+G" if project.task_kind == TaskKind.RANKING and project.k >= 7 else "G"
+        ),
     }
     try:
         assignment = services.assignment_next(project_id=project.pk, user=request.user)
     except services.NotFound:
         raise Http404("No such project.") from None
-    except services.Forbidden as exc:
-        context["notice"] = exc.message
+    except services.ServiceError as exc:
+        # Paused by QC, or too many skips (429 skip_budget): say why in place of the item.
+        if exc.code == "paused":
+            membership.refresh_from_db(fields=["status", "status_reason"])
+            context["notice"] = membership_pause_notice(membership=membership)
+        else:
+            context["notice"] = {"title": _NOTICE_TITLES.get(exc.code), "message": exc.message}
     else:
         if assignment is None:
             context["done"] = True

@@ -114,6 +114,9 @@ LOGOUT_REDIRECT_URL = "login"
 
 # Where datasets, checkpoints and plots are written.
 ARTIFACT_ROOT = env.path("PREFLOOP_ARTIFACT_ROOT", default=BASE_DIR / "var" / "artifacts")
+# Whom a paused annotator may write to (an e-mail address or a URL), shown beside the
+# project's researchers on the paused page; empty: the researchers only.
+PREFLOOP_ANNOTATOR_CONTACT = env("PREFLOOP_ANNOTATOR_CONTACT", default="")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -108,8 +108,8 @@ def make_page(browser, live_server, transactional_db):
     """Open a fresh browser context (own cookies and storage) at a viewport size."""
     contexts = []
 
-    def _make(width=1280, height=900):
-        context = browser.new_context(viewport={"width": width, "height": height})
+    def _make(width=1280, height=900, **options):
+        context = browser.new_context(viewport={"width": width, "height": height}, **options)
         context.set_default_timeout(15_000)
         contexts.append(context)
         return PageRecorder(context.new_page())
