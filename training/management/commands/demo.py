@@ -11,6 +11,7 @@ from pathlib import Path
 import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
@@ -147,6 +148,8 @@ class Command(BaseCommand):
             user = users.filter(username=username).first()
             if user is None:
                 user = users.create_user(username=username, is_staff=staff, is_superuser=staff)
+            # The same validators as the admin and createsuperuser (AUTH_PASSWORD_VALIDATORS).
+            validate_password(password, user)
             user.set_password(password)
             user.save()
             passwords.append(password)
