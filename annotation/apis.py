@@ -29,7 +29,10 @@ class ServiceUnavailable(APIException):
 def exception_handler(exc, context):
     """Turn service errors into 4xx JSON and lost database connections into a retryable 503."""
     if isinstance(exc, services.ServiceError):
-        return Response({"detail": exc.message, "code": exc.code}, status=exc.status)
+        body = {"detail": exc.message, "code": exc.code}
+        if getattr(exc, "field", ""):  # e.g. training.config_policy names the refused field
+            body["field"] = exc.field
+        return Response(body, status=exc.status)
     if isinstance(exc, OperationalError | InterfaceError) or (
         isinstance(exc, DatabaseError) and "connection" in str(exc).lower()
     ):

@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from annotation import selectors as annotation_selectors
-from annotation.models import DatasetVersion, Project
+from annotation.models import Project
 from annotation.pagination import BoundedLimitOffsetPagination
-from training import selectors, services
+from training import config_policy, selectors, services
 from training.models import ModelVersion, Recipe, TrainingRun
 
 
@@ -128,11 +128,7 @@ class ModelVersionOutput(serializers.ModelSerializer):
         return names
 
     def get_project(self, version: ModelVersion) -> int | None:
-        if version.training_run is not None and version.training_run.project_id:
-            return version.training_run.project_id
-        if version.dataset_version is not None:
-            return version.dataset_version.project_id
-        return None
+        return selectors.model_version_project_id(version=version)
 
 
 class TrainingRunListApi(ResearcherApi):
@@ -172,11 +168,14 @@ class TrainingRunListApi(ResearcherApi):
         data = serializer.validated_data
         user = request.user
 
+        # Ids a caller may not see answer 404, as if they did not exist.
         dataset_version = None
         if "dataset_version_id" in data:
-            dataset_version = DatasetVersion.objects.filter(pk=data["dataset_version_id"]).first()
+            dataset_version = selectors.dataset_version_for_user(
+                user=user, dataset_version_id=data["dataset_version_id"]
+            )
             if dataset_version is None:
-                raise NotFound("No such dataset version.")
+                raise NotFound("dataset_version_id: no such dataset version.")
         elif not user.is_staff:
             raise PermissionDenied("Only staff may train on a dataset path.")
 
@@ -187,7 +186,7 @@ class TrainingRunListApi(ResearcherApi):
         if project_id is not None:
             project = Project.objects.filter(pk=project_id).first()
             if project is None:
-                raise NotFound("No such project.")
+                raise NotFound("project_id: no such project.")
         if not user.is_staff and (
             project is None
             or not annotation_selectors.user_can_manage(project_id=project.pk, user=user)
@@ -196,11 +195,9 @@ class TrainingRunListApi(ResearcherApi):
 
         base_model = None
         if "base_model_id" in data:
-            base_model = (
-                selectors.model_version_list(user=user).filter(pk=data["base_model_id"]).first()
+            base_model = config_policy.model_version_for_run(
+                user=user, project=project, version_id=data["base_model_id"], field="base_model_id"
             )
-            if base_model is None:
-                raise NotFound("No such model version.")
         if data["base_model_path"] and not user.is_staff:
             raise PermissionDenied("Only staff may start from a model path.")
 

@@ -64,3 +64,22 @@ def model_version_lineage(*, version: ModelVersion) -> list[ModelVersion]:
         seen.add(current.pk)
         current = current.parent
     return chain
+
+
+def model_version_project_id(*, version: ModelVersion) -> int | None:
+    """Return the project a registered model belongs to (its run's, else its dataset's)."""
+    if version.training_run is not None and version.training_run.project_id:
+        return version.training_run.project_id
+    if version.dataset_version is not None:
+        return version.dataset_version.project_id
+    return None
+
+
+def dataset_version_for_user(*, user, dataset_version_id: int):
+    """Return a dataset version the user may train on (staff: any), or None."""
+    from annotation.models import DatasetVersion
+
+    versions = DatasetVersion.objects.select_related("project")
+    if not user.is_staff:
+        versions = versions.filter(project_id__in=_researched_project_ids(user))
+    return versions.filter(pk=dataset_version_id).first()

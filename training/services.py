@@ -37,7 +37,9 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from annotation.services import Conflict, NotFound, ServiceError
+from annotation.services import Conflict, NotFound
+from training import config_policy
+from training.config_policy import InvalidTrainingConfig
 from training.models import ModelVersion, Recipe, TrainingRun
 
 logger = logging.getLogger(__name__)
@@ -53,11 +55,50 @@ TERMINAL_STATUSES = (
     TrainingRun.Status.CANCELLED,
 )
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# The training process's environment is built from these (see _child_env).
+CHILD_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "VIRTUAL_ENV",
+        "TOKENIZERS_PARALLELISM",
+        "DISABLE_MLFLOW_INTEGRATION",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NVIDIA_VISIBLE_DEVICES",
+        # torch.distributed / accelerate rendezvous
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+    }
+)
+CHILD_ENV_PREFIXES = (
+    "LC_",
+    "HF_",
+    "TRANSFORMERS_",
+    "ACCELERATE_",
+    "TORCH_",
+    "PYTORCH_",
+    "NCCL_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+)
+# Even under an allowed prefix (HF_TOKEN, ...), a credential is never passed on.
+CHILD_ENV_SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|KEY|AUTH", re.IGNORECASE)
 _PR_SET_PDEATHSIG = 1
-
-
-class InvalidTrainingConfig(ServiceError):
-    code = "invalid_config"
 
 
 class ArtifactError(Exception):
@@ -123,8 +164,16 @@ def training_run_create(
     user=None,
     enqueue: bool = True,
 ) -> TrainingRun:
-    """Validate and create a queued run; queue its Celery task once the transaction commits."""
-    config = dict(config or {})
+    """Validate and create a queued run; queue its Celery task once the transaction commits.
+
+    ``user`` is the caller whose rights the config is checked against (see
+    ``training.config_policy``); None is the server itself (loop, management commands).
+    """
+    if recipe not in Recipe.values:
+        raise InvalidTrainingConfig(
+            f"recipe: unknown recipe {recipe!r}; choose from {', '.join(Recipe.values)}.",
+            field="recipe",
+        )
     if (dataset_version is None) == (not dataset_path):
         raise InvalidTrainingConfig("Give exactly one of a dataset version or a dataset path.")
     if dataset_version is not None:
@@ -133,22 +182,43 @@ def training_run_create(
                 f"Dataset version {dataset_version.pk} is {dataset_version.status}, not ready."
             )
         if project is not None and project.pk != dataset_version.project_id:
-            raise InvalidTrainingConfig("The dataset version belongs to another project.")
+            raise InvalidTrainingConfig(
+                "dataset_version_id: the dataset version belongs to another project.",
+                field="dataset_version_id",
+            )
         project = project or dataset_version.project
-        data_dir = dataset_version.path
+        data_dir = config_policy.path_check(value=dataset_version.path, field="dataset_version_id")
     else:
-        data_dir = str(dataset_path)
+        data_dir = config_policy.path_check(value=str(dataset_path), field="dataset_path")
     if not Path(data_dir).is_dir():
-        raise InvalidTrainingConfig(f"Dataset folder not found: {data_dir}")
+        field = "dataset_version_id" if dataset_version is not None else "dataset_path"
+        raise InvalidTrainingConfig(f"{field}: the dataset folder is missing.", field=field)
 
+    config = config_policy.training_config_resolve(
+        recipe=recipe, config=config or {}, user=user, project=project
+    )
+    if base_model_path:
+        base_model_path = config_policy.path_check(value=base_model_path, field="base_model_path")
     model_path = (
         config.get("model_name_or_path")
         or base_model_path
-        or (base_model.artifact_path if base_model is not None else "")
+        or (
+            config_policy.model_version_folder(version=base_model, field="base_model_id")
+            if base_model is not None
+            else ""
+        )
     )
     if model_path:
         config["model_name_or_path"] = model_path
-    training_config_validate(recipe=recipe, config=config)
+    try:
+        training_config_validate(
+            recipe=recipe, config=config_policy.training_config_for_cli(config=config)
+        )
+    except InvalidTrainingConfig as exc:
+        # The library names the folders it checked; the caller learns the field only.
+        raise InvalidTrainingConfig(
+            config_policy.paths_redact(exc.message), field=exc.field
+        ) from exc
 
     run = TrainingRun.objects.create(
         recipe=recipe,
@@ -497,11 +567,14 @@ class RunFiles:
                 }
 
     def log_tail(self, n: int | None = None) -> str:
-        return "\n".join(tail_lines(self.log_path, n or self.log_lines))
+        """Return the log's last lines, with server paths outside the run's folder hidden."""
+        text = "\n".join(tail_lines(self.log_path, n or self.log_lines))
+        return config_policy.paths_redact(text, keep=self.output_dir)
 
     def attempt_tail(self, n: int = ERROR_TAIL_LINES) -> str:
-        """Return the last lines this attempt's process wrote."""
-        return "\n".join(tail_lines(self.log_path, n, start=self.log_start))
+        """Return the last lines this attempt's process wrote (server paths hidden)."""
+        text = "\n".join(tail_lines(self.log_path, n, start=self.log_start))
+        return config_policy.paths_redact(text, keep=self.output_dir)
 
     def fraction(self) -> float:
         try:
@@ -563,8 +636,12 @@ def training_run_execute(
         return _record_exit(run.pk, claim.attempt, 0, files)
 
     try:
+        cli_config = config_policy.training_config_for_cli(config=run.config)
+    except InvalidTrainingConfig as exc:  # the deployment unregistered its reward function
+        return _record_failure(run.pk, claim.attempt, exc.message, exit_code=None, tail="")
+    try:
         config_path = output_dir / CONFIG_FILE
-        config_path.write_text(json.dumps(run.config, indent=2, sort_keys=True) + "\n")
+        config_path.write_text(json.dumps(cli_config, indent=2, sort_keys=True) + "\n")
         command = training_command(
             recipe=run.recipe,
             config_path=config_path,
@@ -623,7 +700,21 @@ def training_run_execute(
 
 
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    """Return the training process's environment: what torch and the launcher need, no secrets.
+
+    The process reads and writes files only; the database URL, secret key, broker URL and
+    cloud or hub credentials of the worker stay out of a process that runs model code.
+    """
+    extra = set(settings.PREFLOOP_TRAINING_ENV_PASSTHROUGH)
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name in extra
+        or (
+            (name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES))
+            and not CHILD_ENV_SECRET.search(name)
+        )
+    }
     env["PYTHONUNBUFFERED"] = "1"
     base = str(settings.BASE_DIR)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH", "")) if p)
@@ -759,12 +850,12 @@ def _record_failure(
             return TrainingRun.objects.filter(pk=run_id).first()
         if run.status == TrainingRun.Status.RUNNING:
             run.status = TrainingRun.Status.FAILED
-            run.error = error
+            run.error = config_policy.paths_redact(error, keep=run.output_dir)
         run.exit_code = exit_code
         run.child_pid = None
         run.finished_at = run.finished_at or timezone.now()
         if tail:
-            run.log_tail = tail
+            run.log_tail = config_policy.paths_redact(tail, keep=run.output_dir)
         run.save()
     return run
 
@@ -843,7 +934,7 @@ def training_run_fail(*, run_id: int, error: str) -> None:
     """Mark a run failed with ``error`` unless it already ended (the task's on_failure hook)."""
     TrainingRun.objects.filter(pk=run_id).exclude(status__in=TERMINAL_STATUSES).update(
         status=TrainingRun.Status.FAILED,
-        error=error[-20000:],
+        error=config_policy.paths_redact(error[-20000:]),
         finished_at=timezone.now(),
     )
 

@@ -118,6 +118,18 @@ ARTIFACT_ROOT = env.path("PREFLOOP_ARTIFACT_ROOT", default=BASE_DIR / "var" / "a
 # project's researchers on the paused page; empty: the researchers only.
 PREFLOOP_ANNOTATOR_CONTACT = env("PREFLOOP_ANNOTATOR_CONTACT", default="")
 
+# Training security (training/config_policy.py). Reward functions a training config may
+# name: name -> "module:function", set by the deployment (JSON in the environment); requests
+# give a name, never an import path.
+PREFLOOP_REWARD_FUNCTIONS = env.json(
+    "PREFLOOP_REWARD_FUNCTIONS", default={"demo": "training.demo:true_reward"}
+)
+# Folders besides ARTIFACT_ROOT where staff may point a run at models, tokenizers or data
+# (e.g. a read-only mount of base models); every path must resolve inside one of them.
+PREFLOOP_MODEL_ROOTS = env.list("PREFLOOP_MODEL_ROOTS", default=[])
+# Extra environment variables the training subprocess inherits (it gets a minimal set).
+PREFLOOP_TRAINING_ENV_PASSTHROUGH = env.list("PREFLOOP_TRAINING_ENV_PASSTHROUGH", default=[])
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "annotation.auth.TokenAuthentication",

@@ -1,5 +1,7 @@
 """Test settings: PostgreSQL (the tests are about concurrency and locking) and fast hashing."""
 
+import tempfile
+
 from config.env import env
 from config.settings.base import *  # noqa: F403
 from config.settings.base import BASE_DIR
@@ -10,6 +12,8 @@ DATABASES = {
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ARTIFACT_ROOT = BASE_DIR / "var" / "test-artifacts"
+# Tests build their tiny models and snapshots under the system temp folder (pytest tmp_path).
+PREFLOOP_MODEL_ROOTS = env.list("PREFLOOP_MODEL_ROOTS", default=[tempfile.gettempdir()])
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

@@ -24,7 +24,7 @@ def test_ppo_recipe_runs_as_a_training_run_and_registers_a_policy(
     project = make_project()
     base = ModelVersion.objects.create(name="tiny-policy", artifact_path=str(tiny_policy_dir))
     config = {
-        "reward_function": "training.demo:true_reward",
+        "reward_function": "demo",  # a name of PREFLOOP_REWARD_FUNCTIONS
         "prompt_format": "chat",
         "rollout_batch_size": 8,
         "per_device_train_batch_size": 4,

@@ -44,7 +44,7 @@ def _create(model_dir, snapshot, **overrides) -> TrainingRun:
 def test_create_rejects_unknown_recipe_and_bad_config_early(
     training_settings, tiny_reward_dir, reward_snapshot
 ):
-    with pytest.raises(services.InvalidTrainingConfig, match="Unknown recipe"):
+    with pytest.raises(services.InvalidTrainingConfig, match="recipe: unknown recipe"):
         services.training_run_create(
             recipe="ppo2", config={}, dataset_path=reward_snapshot, enqueue=False
         )
@@ -56,7 +56,14 @@ def test_create_rejects_unknown_recipe_and_bad_config_early(
         _create(tiny_reward_dir, reward_snapshot, model_name_or_path="/nonexistent/model")
     with pytest.raises(services.InvalidTrainingConfig, match="set by the runner"):
         _create(tiny_reward_dir, reward_snapshot, resume=True)
-    with pytest.raises(services.InvalidTrainingConfig, match="Dataset folder not found"):
+    with pytest.raises(services.InvalidTrainingConfig, match="dataset_path: the dataset folder"):
+        services.training_run_create(
+            recipe="reward",
+            config=reward_config(tiny_reward_dir),
+            dataset_path=str(reward_snapshot.parent / "missing"),
+            enqueue=False,
+        )
+    with pytest.raises(services.InvalidTrainingConfig, match="dataset_path: outside"):
         services.training_run_create(
             recipe="reward",
             config=reward_config(tiny_reward_dir),
@@ -284,7 +291,8 @@ def test_a_launcher_that_cannot_start_fails_the_run_clearly(
     training_settings.TRAINING_LAUNCHER = ["/nonexistent/python"]
     run = services.training_run_execute(run_id=_create(tiny_reward_dir, reward_snapshot).pk)
     assert run.status == TrainingRun.Status.FAILED
-    assert run.error.startswith("Could not start the training process (/nonexistent/python)")
+    # the launcher's path is the server's business: the caller reads a placeholder
+    assert run.error.startswith("Could not start the training process (<server path>)")
 
     training_settings.TRAINING_LAUNCHER = "deepspeed"
     run = services.training_run_execute(run_id=_create(tiny_reward_dir, reward_snapshot).pk)

@@ -58,10 +58,21 @@ def world(training_settings, reward_snapshot):
 
 
 def _create_payload(world, tiny_reward_dir, **extra) -> dict:
+    """Return a researcher's request: models by id, never by server path."""
+    config = reward_config(tiny_reward_dir)
+    del config["model_name_or_path"]
+    base, _ = ModelVersion.objects.get_or_create(
+        name="tiny-reward-base",
+        defaults={
+            "artifact_path": str(tiny_reward_dir),
+            "dataset_version": world["dataset_version"],
+        },
+    )
     payload = {
         "recipe": "reward",
-        "config": reward_config(tiny_reward_dir),
+        "config": config,
         "dataset_version_id": world["dataset_version"].pk,
+        "base_model_id": base.pk,
     }
     payload.update(extra)
     return payload
@@ -101,10 +112,10 @@ def test_who_may_create(world, tiny_reward_dir, reward_snapshot, sent):
         _client(world["annotator"]).post("/api/training/runs/", payload, format="json").status_code
         == 403
     )
-    # a researcher of another project may not train on this project's data
+    # a researcher of another project may not train on this project's data (nor see it)
     assert (
         _client(world["outsider"]).post("/api/training/runs/", payload, format="json").status_code
-        == 403
+        == 404
     )
     # an arbitrary folder on the server is for staff only
     by_path = {

@@ -1435,9 +1435,18 @@ class PPOTrainer:
 
     def rng_state(self) -> dict[str, Any]:
         """Return every random state a resume must restore."""
+        # numpy's state is stored as plain values and a tensor so that the file loads with
+        # torch.load(weights_only=True), which refuses arbitrary pickled objects.
+        kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
         state = {
             "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            "numpy": {
+                "kind": str(kind),
+                "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                "position": int(position),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached_gaussian),
+            },
             "torch": torch.get_rng_state(),
             "rollout_generator": self.rollout_generator.get_state(),
             "shuffle_generator": self.shuffle_generator.get_state(),
@@ -1474,7 +1483,7 @@ class PPOTrainer:
         self.unwrapped_value.load_state_dict(saved_value.state_dict())
 
         def load(name: str):
-            return torch.load(state_dir / name, weights_only=False)
+            return torch.load(state_dir / name, weights_only=True)
 
         self.policy_optimizer.load_state_dict(load("policy_optimizer.pt"))
         self.value_optimizer.load_state_dict(load("value_optimizer.pt"))
@@ -1482,7 +1491,16 @@ class PPOTrainer:
         self.value_scheduler.load_state_dict(load("value_scheduler.pt"))
         rng = load("rng_state.pt")
         random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        saved_numpy = rng["numpy"]
+        np.random.set_state(
+            (
+                saved_numpy["kind"],
+                saved_numpy["keys"].numpy().astype(np.uint32),
+                saved_numpy["position"],
+                saved_numpy["has_gauss"],
+                saved_numpy["cached_gaussian"],
+            )
+        )
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
