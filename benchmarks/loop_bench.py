@@ -75,12 +75,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def demo_env(folder: Path, threads: int) -> dict[str, str]:
-    """Return the environment of one demo: a private SQLite database and artefact folder."""
+def demo_env(folder: Path, threads: int, base: Path | None = None) -> dict[str, str]:
+    """Return the environment of one demo: a private SQLite database and artefact folder.
+
+    ``base`` is the folder whose SFT policy the demo's copied database names: its artefacts
+    are a model root, since a run may only read models under the configured roots.
+    """
     return {
         **os.environ,
         "DATABASE_URL": f"sqlite:///{folder / 'db.sqlite3'}",
         "PREFLOOP_ARTIFACT_ROOT": str(folder / "art"),
+        "PREFLOOP_MODEL_ROOTS": str(base / "art") if base is not None else "",
         "DJANGO_SETTINGS_MODULE": "config.settings.local",
         "DJANGO_DEBUG": "0",
         "OMP_NUM_THREADS": str(threads),
@@ -92,7 +97,9 @@ def demo_env(folder: Path, threads: int) -> dict[str, str]:
     }
 
 
-def run_demo(folder: Path, args, *, rounds: int, path: str, port: int) -> dict[str, float]:
+def run_demo(
+    folder: Path, args, *, rounds: int, path: str, port: int, base: Path | None = None
+) -> dict[str, float]:
     """Run ``manage.py demo --no-serve`` in ``folder``; return its time per stage (seconds)."""
     command = [
         sys.executable,
@@ -117,7 +124,7 @@ def run_demo(folder: Path, args, *, rounds: int, path: str, port: int) -> dict[s
         process = subprocess.Popen(
             command,
             cwd=REPO,
-            env=demo_env(folder, args.threads),
+            env=demo_env(folder, args.threads, base),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -297,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = work / path
         folder.mkdir(exist_ok=True)
         shutil.copyfile(base / "db.sqlite3", folder / "db.sqlite3")
-        timings = run_demo(folder, args, rounds=args.rounds, path=path, port=args.port + offset)
+        timings = run_demo(
+            folder, args, rounds=args.rounds, path=path, port=args.port + offset, base=base
+        )
         versions = model_versions(folder, args.threads)
         policies = [v for v in versions if v["kind"] == "policy" and v["name"] != "demo-sft"]
         train_s = {v["name"]: training_seconds(v["artifact_path"]) for v in versions}

@@ -387,6 +387,8 @@ def main() -> int:
         "CELERY_BROKER_URL": broker_url,
         "CELERY_TASK_ALWAYS_EAGER": "0",  # local settings run tasks inline by default
         "PREFLOOP_ARTIFACT_ROOT": str(work / "artifacts"),
+        # the tiny base model and snapshot are built beside the artefacts, not inside them
+        "PREFLOOP_MODEL_ROOTS": str(work),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
