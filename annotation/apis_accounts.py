@@ -2,6 +2,7 @@
 
 from axes.helpers import get_cool_off, get_lockout_message
 from django.conf import settings
+from django.contrib.auth.signals import user_logged_in
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.authtoken.serializers import AuthTokenSerializer
@@ -44,7 +45,10 @@ class TokenObtainApi(APIView):
                     response["Retry-After"] = str(int(cool_off.total_seconds()))
                 return response
             return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
-        token = accounts.token_issue(user=serializer.validated_data["user"])
+        user = serializer.validated_data["user"]
+        token = accounts.token_issue(user=user)
+        # As a session login does: clears this account's failure count and sets last_login.
+        user_logged_in.send(sender=type(user), request=request, user=user)
         expires = token.created + settings.API_TOKEN_LIFETIME
         return Response(self.OutputSerializer({"token": token.key, "expires": expires}).data)
 
