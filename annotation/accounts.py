@@ -21,10 +21,12 @@ def token_expired(*, token: Token) -> bool:
 def token_issue(*, user, fresh: bool = False) -> Token:
     """Return the user's live API token, replacing an expired one (or any, when fresh)."""
     token = Token.objects.select_for_update().filter(user=user).first()
-    if token is not None and not fresh and not token_expired(token=token):
-        return token
-    Token.objects.filter(user=user).delete()
-    return Token.objects.create(user=user)
+    if token is not None:
+        if not fresh and not token_expired(token=token):
+            return token
+        token.delete()
+    # get_or_create: a concurrent first login of the same user may have made one meanwhile.
+    return Token.objects.get_or_create(user=user)[0]
 
 
 def token_revoke(*, user) -> int:
