@@ -41,6 +41,16 @@ class Project(models.Model):
         default=5, help_text="Judgments an annotator makes before an item may be repeated."
     )
     lease_seconds = models.PositiveIntegerField(default=300)
+    max_skip_fraction = models.FloatField(
+        default=0.2,
+        help_text="Share of an annotator's served items they may skip (1 for no limit).",
+    )
+    max_skips_in_row = models.PositiveIntegerField(
+        default=10, help_text="Skips in a row an annotator may make (0 for no limit)."
+    )
+    skip_fraction_min_served = models.PositiveIntegerField(
+        default=20, help_text="Items an annotator is served before their skip share is judged."
+    )
     allow_tie = models.BooleanField(default=True)
     allow_both_bad = models.BooleanField(default=True)
     ask_strength = models.BooleanField(default=False)
@@ -71,6 +81,10 @@ class Project(models.Model):
                 name="project_repeat_rate_0_1",
             ),
             models.CheckConstraint(condition=Q(lease_seconds__gte=10), name="project_lease_ge_10"),
+            models.CheckConstraint(
+                condition=Q(max_skip_fraction__gte=0) & Q(max_skip_fraction__lte=1),
+                name="project_max_skip_fraction_0_1",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -97,6 +111,12 @@ class Membership(models.Model):
     status_reason = models.TextField(blank=True)
     # Judgments made in this project; drives the spacing of planned repeats.
     judgment_count = models.PositiveIntegerField(default=0)
+    # Skips counted against the project's skip budget (a researcher's resume clears them).
+    skip_count = models.PositiveIntegerField(default=0)
+    skips_in_row = models.PositiveIntegerField(default=0)
+    # Server time on task starts no earlier than the annotator's last submit or skip, so an
+    # item leased ahead (in another project) is timed from when it could be shown.
+    last_finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -349,6 +369,9 @@ class Judgment(models.Model):
     confidence = models.PositiveSmallIntegerField(null=True, blank=True)
     rationale = models.TextField(blank=True)
     time_spent_ms = models.PositiveIntegerField(null=True, blank=True)
+    # Measured on the server: from the later of the lease start and the annotator's previous
+    # submit or skip, to this submit. Quality control trusts it over the client's figure.
+    server_time_ms = models.PositiveIntegerField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=100, blank=True)
     source = models.CharField(max_length=16, choices=LabelSource.choices, default=LabelSource.HUMAN)
     is_gold = models.BooleanField(default=False)

@@ -1,7 +1,9 @@
 """Read-side queries: what a caller may see, and the blind payload served to annotators."""
 
 import functools
+import math
 
+from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Q, QuerySet, Sum
 
@@ -19,6 +21,8 @@ from annotation.models import (
 )
 
 SLOT_LABELS = "ABCDEFGH"
+# How long annotators see the same project totals (see `project_progress`).
+PROGRESS_SNAPSHOT_SECONDS = 300
 
 
 def project_list_for_user(*, user) -> QuerySet[Project]:
@@ -117,7 +121,25 @@ def _payload_sql() -> str:
 
 
 def project_progress(*, project: Project, user) -> dict:
-    """Return project totals, and the caller's own counts."""
+    """Return project totals, and the caller's own count of judgments.
+
+    Reviewers and researchers read the live totals. Annotators read a snapshot of them in
+    whole percent, refreshed at most every `PROGRESS_SNAPSHOT_SECONDS`, and their own count
+    of judgments of every kind: were the live totals shown, whether they moved after a
+    submit would tell primary items from gold and repeats (which fill no item).
+    """
+    mine = Judgment.objects.filter(project=project, annotator=user).count()
+    if user_can_review(project_id=project.pk, user=user):
+        return {**_progress_totals(project), "my_judgments": mine}
+    key = f"prefloop:progress-snapshot:{project.pk}"
+    snapshot = cache.get(key)
+    if snapshot is None:
+        snapshot = _progress_coarse(_progress_totals(project))
+        cache.set(key, snapshot, PROGRESS_SNAPSHOT_SECONDS)
+    return {**snapshot, "my_judgments": mine}
+
+
+def _progress_totals(project: Project) -> dict:
     rounds = Round.objects.filter(project=project)
     open_round_ids = list(rounds.filter(status=Round.Status.OPEN).values_list("id", flat=True))
     items = project.items.filter(round_id__in=open_round_ids, is_gold=False)
@@ -127,14 +149,25 @@ def project_progress(*, project: Project, user) -> dict:
         n_done=Sum("n_done"),
     )
     needed = (totals["n_items"] or 0) * project.overlap
-    mine = Judgment.objects.filter(project=project, annotator=user).count()
+    done = min(totals["n_done"] or 0, needed)
     return {
         "project_id": project.pk,
         "open_rounds": len(open_round_ids),
         "items": totals["n_items"] or 0,
         "items_complete": totals["n_complete"] or 0,
         "judgments_needed": needed,
-        "judgments_done": min(totals["n_done"] or 0, needed),
-        "fraction_complete": (min(totals["n_done"] or 0, needed) / needed) if needed else 0.0,
-        "my_judgments": mine,
+        "judgments_done": done,
+        "fraction_complete": (done / needed) if needed else 0.0,
+    }
+
+
+def _progress_coarse(totals: dict) -> dict:
+    """Round the totals down to whole percent of what is needed."""
+    fraction = math.floor(totals["fraction_complete"] * 100) / 100
+    share_complete = totals["items_complete"] / totals["items"] if totals["items"] else 0.0
+    return {
+        **totals,
+        "items_complete": math.floor(math.floor(share_complete * 100) / 100 * totals["items"]),
+        "judgments_done": math.floor(fraction * totals["judgments_needed"]),
+        "fraction_complete": fraction,
     }

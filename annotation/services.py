@@ -7,13 +7,22 @@ Serving is correct under concurrency on PostgreSQL:
   row re-checks `n_taken < overlap` on the new row version (PostgreSQL's EvalPlanQual) and
   moves on;
 - every other path that changes `n_taken` (expiry, skip) locks the item row too.
+
+Blindness: gold items and planned repeats are drawn only while primary work remains for the
+annotator (the gold claim carries that test in its own statement), so a 204 means "done"
+whatever the kind, and skipping every primary item ends the work instead of unlocking the gold.
+Items of equal fill are served in a per-annotator order (a keyed hash of the item id), so
+people working at the same moment do not move through the items in lockstep.
 """
 
 import functools
+import hashlib
+import hmac
 import random
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
@@ -36,6 +45,11 @@ PAIRWISE_SHOWN = ("A", "B", "tie", "both_bad")
 # Accounts in these groups label as machines; their judgments never pass for human ones.
 SOURCE_GROUPS = {"prefloop:simulated": LabelSource.SIMULATED, "prefloop:ai": LabelSource.AI}
 EXPIRY_BATCH = 100
+# The claim shuffles (per annotator) the this-many least-filled items it could serve, in
+# (n_taken, id) order: shuffling every open item costs a sort of the whole round per request
+# (60 ms at 20k items against 0.1 ms), and a window this wide already keeps concurrent
+# annotators apart.
+SHUFFLE_WINDOW = 64
 
 
 class ServiceError(Exception):
@@ -68,6 +82,13 @@ class Conflict(ServiceError):
     code = "conflict"
 
 
+class SkipBudgetSpent(Forbidden):
+    """The annotator skipped more than the project allows; a researcher's resume lifts it."""
+
+    status = 429
+    code = "skip_budget"
+
+
 @dataclass(frozen=True)
 class SubmitResult:
     judgment: Judgment
@@ -95,9 +116,9 @@ def _locked_with_project(model, *, where: str, params: list):
 
 
 @functools.cache
-def _locked_with_project_sql(model, where: str, vendor: str) -> str:
+def _locked_with_project_sql(model, where: str, vendor: str, extra: str = "") -> str:
     return (
-        f"SELECT {sql.columns(model, 'x')}, {sql.columns(Project, 'p')} "
+        f"SELECT {sql.columns(model, 'x')}, {sql.columns(Project, 'p')}{extra} "
         f'FROM "{model._meta.db_table}" x JOIN "{Project._meta.db_table}" p '
         f'ON p."id" = x."project_id" WHERE {where}{sql.lock(vendor, "x")}'
     )
@@ -138,68 +159,140 @@ def _display_order(k: int, rng: random.Random) -> list[int]:
     return order
 
 
-def _claim_primary(*, project: Project, user) -> Item | None:
-    """Claim the least-served open item this annotator has not had, and count it taken.
+def _serving_salt(user_id: int) -> str:
+    """Return the annotator's key for the serving order: stable, and not guessable by others."""
+    key = settings.SECRET_KEY.encode()
+    return hmac.new(key, f"serving-order:{user_id}".encode(), hashlib.sha256).hexdigest()[:16]
 
-    One statement, the hottest of the serving path: the subquery picks and locks the row
-    (`FOR UPDATE ... SKIP LOCKED` re-checks `n_taken < overlap` on the newest row version,
-    so a row a concurrent claim filled is passed over) and the outer UPDATE bumps it.
+
+def _primary_params(*, project: Project, user) -> list:
+    """Parameters of `_primary_open_sql`, in order."""
+    return [
+        project.pk,
+        Round.Status.OPEN,
+        project.overlap,
+        user.pk,
+        Assignment.Status.EXPIRED,
+        Assignment.Kind.REPEAT,
+    ]
+
+
+def _primary_open_sql(alias: str) -> str:
+    """FROM/WHERE of the open primary items this annotator has not had (`_primary_params`)."""
+    items, rounds = Item._meta.db_table, Round._meta.db_table
+    assignments = Assignment._meta.db_table
+    return f"""
+        FROM "{items}" {alias} JOIN "{rounds}" {alias}r ON {alias}r."id" = {alias}."round_id"
+        WHERE {alias}."project_id" = %s AND NOT {alias}."is_gold"
+          AND {alias}r."status" = %s AND {alias}."n_taken" < %s
+          AND NOT EXISTS (
+              SELECT 1 FROM "{assignments}" {alias}a
+              WHERE {alias}a."item_id" = {alias}."id" AND {alias}a."annotator_id" = %s
+                AND {alias}a."status" <> %s AND {alias}a."kind" <> %s
+          )
     """
+
+
+def _claim_primary(*, project: Project, user) -> Item | None:
+    """Claim a least-served open item this annotator has not had, and count it taken.
+
+    One statement, the hottest of the serving path: the first subquery takes the
+    `SHUFFLE_WINDOW` least-filled items the annotator may have and locks the first of them
+    in the annotator's own order (`FOR UPDATE ... SKIP LOCKED` re-checks `n_taken < overlap`
+    on the newest row version, so a row a concurrent claim filled is passed over); only when
+    every one of them was taken meanwhile does the second, unshuffled one run. The outer
+    UPDATE bumps the row.
+    """
+    primary = _primary_params(project=project, user=user)
     item_id = sql.fetch_value(
         _claim_primary_sql(connection.vendor),
-        [
-            project.pk,
-            Round.Status.OPEN,
-            project.overlap,
-            user.pk,
-            Assignment.Status.EXPIRED,
-            Assignment.Kind.REPEAT,
-        ],
+        [*primary, project.overlap, _serving_salt(user.pk), *primary],
     )
     return None if item_id is None else Item(pk=item_id)
 
 
 @functools.cache
 def _claim_primary_sql(vendor: str) -> str:
-    items, rounds = Item._meta.db_table, Round._meta.db_table
-    assignments = Assignment._meta.db_table
-    lock = sql.lock(vendor, "i", skip_locked=True)
+    items = Item._meta.db_table
     return f"""
         UPDATE "{items}" SET "n_taken" = "n_taken" + 1
-        WHERE "id" = (
-            SELECT i."id" FROM "{items}" i JOIN "{rounds}" r ON r."id" = i."round_id"
-            WHERE i."project_id" = %s AND NOT i."is_gold"
-              AND r."status" = %s AND i."n_taken" < %s
-              AND NOT EXISTS (
-                  SELECT 1 FROM "{assignments}" a
-                  WHERE a."item_id" = i."id" AND a."annotator_id" = %s
-                    AND a."status" <> %s AND a."kind" <> %s
-              )
-            ORDER BY i."n_taken", i."id"
-            LIMIT 1
-            {lock}
+        WHERE "id" = COALESCE(
+            (
+                SELECT i."id" FROM "{items}" i
+                WHERE i."id" IN (
+                    SELECT w."id" {_primary_open_sql("w")}
+                    ORDER BY w."n_taken", w."id" LIMIT {SHUFFLE_WINDOW}
+                ) AND i."n_taken" < %s
+                ORDER BY i."n_taken", MD5(CAST(i."id" AS TEXT) || %s)
+                LIMIT 1
+                {sql.lock(vendor, "i", skip_locked=True)}
+            ),
+            (
+                SELECT f."id" {_primary_open_sql("f")}
+                ORDER BY f."n_taken", f."id"
+                LIMIT 1
+                {sql.lock(vendor, "f", skip_locked=True)}
+            )
         )
         RETURNING "id"
     """
 
 
-def _claim_gold(*, project: Project, user, rng: random.Random) -> Item | None:
-    seen = Assignment.objects.filter(item=OuterRef("pk"), annotator=user).exclude(
-        status=Assignment.Status.EXPIRED
+def _claim_gold(*, project: Project, user) -> Item | None:
+    """Claim a gold item the annotator has not had, only while primary work remains for them."""
+    item_id = sql.fetch_value(
+        _claim_gold_sql(),
+        [
+            project.pk,
+            Round.Status.OPEN,
+            user.pk,
+            Assignment.Status.EXPIRED,
+            *_primary_params(project=project, user=user),
+            _serving_salt(user.pk),
+        ],
     )
-    ids = list(
-        Item.objects.filter(project=project, is_gold=True, round__status=Round.Status.OPEN)
-        .filter(~Exists(seen))
-        .values_list("id", flat=True)[:200]
+    return None if item_id is None else Item(pk=item_id)
+
+
+@functools.cache
+def _claim_gold_sql() -> str:
+    items, rounds = Item._meta.db_table, Round._meta.db_table
+    assignments = Assignment._meta.db_table
+    # Gold has no overlap cap, so nothing to skip or re-check: the UPDATE's row lock suffices.
+    return f"""
+        UPDATE "{items}" SET "n_taken" = "n_taken" + 1
+        WHERE "id" = (
+            SELECT g."id" FROM "{items}" g JOIN "{rounds}" gr ON gr."id" = g."round_id"
+            WHERE g."project_id" = %s AND g."is_gold" AND gr."status" = %s
+              AND NOT EXISTS (
+                  SELECT 1 FROM "{assignments}" ga
+                  WHERE ga."item_id" = g."id" AND ga."annotator_id" = %s AND ga."status" <> %s
+              )
+              AND EXISTS (SELECT 1 {_primary_open_sql("w")})
+            ORDER BY MD5(CAST(g."id" AS TEXT) || %s)
+            LIMIT 1
+        )
+        RETURNING "id"
+    """
+
+
+def _primary_open(*, project: Project, user_id: int):
+    """Return the open primary items the annotator has not had (as in `_primary_open_sql`)."""
+    had = (
+        Assignment.objects.filter(item=OuterRef("pk"), annotator_id=user_id)
+        .exclude(status=Assignment.Status.EXPIRED)
+        .exclude(kind=Assignment.Kind.REPEAT)
     )
-    if not ids:
-        return None
-    item_id = rng.choice(ids)
-    Item.objects.filter(pk=item_id).update(n_taken=F("n_taken") + 1)
-    return Item(pk=item_id)
+    return Item.objects.filter(
+        project=project,
+        is_gold=False,
+        round__status=Round.Status.OPEN,
+        n_taken__lt=project.overlap,
+    ).filter(~Exists(had))
 
 
 def _claim_repeat(*, membership: Membership) -> Assignment | None:
+    """Pick a submitted primary item to show again, only while primary work remains."""
     project = membership.project
     latest_seq = membership.judgment_count - project.repeat_min_gap
     if latest_seq < 0:
@@ -217,10 +310,35 @@ def _claim_repeat(*, membership: Membership) -> Assignment | None:
             item__round__status=Round.Status.OPEN,
         )
         .filter(~Exists(already))
+        .filter(Exists(_primary_open(project=project, user_id=membership.user_id)))
         .order_by("seq")
         .only("id", "item_id", "display_order")
         .first()
     )
+
+
+def _skip_budget_spent(*, membership: Membership, project: Project) -> tuple[str, str] | None:
+    """Return (message to the annotator, note to researchers) once their skips exceed the
+    project's budget; None while they are within it."""
+    in_row = membership.skips_in_row
+    ask = "Ask the project's researchers to let you continue."
+    if project.max_skips_in_row and in_row >= project.max_skips_in_row:
+        return (
+            f"You skipped {in_row} items in a row; this project allows "
+            f"{project.max_skips_in_row}. {ask}",
+            f"{in_row} skips in a row (limit {project.max_skips_in_row})",
+        )
+    skipped = membership.skip_count
+    served = membership.judgment_count + skipped
+    if served >= max(project.skip_fraction_min_served, 1) and (
+        skipped > project.max_skip_fraction * served
+    ):
+        return (
+            f"You skipped {skipped} of the {served} items you were served; this project "
+            f"allows {project.max_skip_fraction:.0%}. {ask}",
+            f"{skipped} of {served} served items skipped (limit {project.max_skip_fraction:.0%})",
+        )
+    return None
 
 
 @transaction.atomic
@@ -246,12 +364,17 @@ def assignment_next(
             return live
         # The annotator's own lease ran out: release it before serving anew.
         _assignment_expire(live, now)
+    spent = _skip_budget_spent(membership=membership, project=project)
+    if spent is not None:
+        raise SkipBudgetSpent(spent[0])
     leases_expire(project_id=project.pk, now=now)
 
+    # The kind is drawn first, whatever the annotator did before; gold and repeats are then
+    # served only while primary work remains for them (see the module docstring).
     draw = rng.random()
     kind, item, repeat_of, order = None, None, None, None
     if draw < project.gold_rate:
-        item = _claim_gold(project=project, user=user, rng=rng)
+        item = _claim_gold(project=project, user=user)
         kind = Assignment.Kind.GOLD
     elif draw < project.gold_rate + project.repeat_rate:
         repeat_of = _claim_repeat(membership=membership)
@@ -284,6 +407,33 @@ def _assignment_for_update(*, assignment_id: int, user) -> Assignment:
     if assignment is None:
         raise NotFound("No such assignment.")
     return assignment
+
+
+def _assignment_for_submit(*, assignment_id: int, user) -> tuple[Assignment, object]:
+    """Lock the assignment; return it (with its project) and the annotator's last finish.
+
+    The last finish (submit or skip, in any project) comes in the same statement: it is
+    where the server's time on task starts when it is later than the lease.
+    """
+    found = sql.fetch_one(
+        _assignment_for_submit_sql(connection.vendor), [assignment_id, user.pk], Assignment, Project
+    )
+    if found is None:
+        raise NotFound("No such assignment.")
+    assignment, assignment.project, last_finished = found
+    return assignment, sql.field_value(Membership, "last_finished_at", last_finished)
+
+
+@functools.cache
+def _assignment_for_submit_sql(vendor: str) -> str:
+    memberships = Membership._meta.db_table
+    last_finished = (
+        f'(SELECT MAX(m."last_finished_at") FROM "{memberships}" m '
+        f'WHERE m."user_id" = x."annotator_id")'
+    )
+    return _locked_with_project_sql(
+        Assignment, 'x."id" = %s AND x."annotator_id" = %s', vendor, f", {last_finished}"
+    )
 
 
 def _live_assignment(*, project_id: int, user) -> Assignment | None:
@@ -422,7 +572,7 @@ def _judgment_submit_locked(
     time_spent_ms,
     source,
 ) -> SubmitResult:
-    assignment = _assignment_for_update(assignment_id=assignment_id, user=user)
+    assignment, last_finished = _assignment_for_submit(assignment_id=assignment_id, user=user)
     project = assignment.project
     now = timezone.now()
     if assignment.status == Assignment.Status.SUBMITTED:
@@ -462,6 +612,9 @@ def _judgment_submit_locked(
     if len(rationale) > 10_000:
         raise ServiceError("rationale is longer than 10,000 characters.", code="rationale")
 
+    # Timed from when the item could be shown: its lease, or the annotator's last finish if
+    # later (an item leased ahead in another project waits until the one before is done).
+    started = max(assignment.leased_at, last_finished or assignment.leased_at)
     judgment = Judgment.objects.create(
         project=project,
         item_id=assignment.item_id,
@@ -471,6 +624,7 @@ def _judgment_submit_locked(
         confidence=confidence,
         rationale=rationale,
         time_spent_ms=time_spent_ms,
+        server_time_ms=max(0, round((now - started).total_seconds() * 1000)),
         idempotency_key=idempotency_key,
         source=source,
         is_gold=assignment.kind == Assignment.Kind.GOLD,
@@ -483,7 +637,7 @@ def _judgment_submit_locked(
     if assignment.kind != Assignment.Kind.REPEAT:
         Item.objects.filter(pk=assignment.item_id).update(n_done=F("n_done") + 1)
     Membership.objects.filter(project=project, user=user).update(
-        judgment_count=F("judgment_count") + 1
+        judgment_count=F("judgment_count") + 1, skips_in_row=0, last_finished_at=now
     )
     # Quality control runs in a Celery task every N judgments; the submit only counts.
     # `seq` is the annotator's count when this item was served, so this is their count now
@@ -523,6 +677,23 @@ def assignment_skip(*, assignment_id: int, user, reason: str) -> Assignment:
     Skip.objects.create(assignment=assignment, reason=reason)
     if assignment.kind != Assignment.Kind.REPEAT:
         _items_release(item_ids=[assignment.item_id])
+    membership = (
+        Membership.objects.select_for_update()
+        .filter(project_id=assignment.project_id, user=user)
+        .first()
+    )
+    if membership is not None:
+        membership.skip_count += 1
+        membership.skips_in_row += 1
+        membership.last_finished_at = now
+        fields = ["skip_count", "skips_in_row", "last_finished_at"]
+        spent = _skip_budget_spent(membership=membership, project=assignment.project)
+        if spent is not None and not membership.flagged:
+            # The next `next` answers 429; the researchers see why on the QC page.
+            membership.flagged = True
+            membership.status_reason = f"Skip budget spent: {spent[1]}."
+            fields += ["flagged", "status_reason"]
+        membership.save(update_fields=fields)
     assignment.status = Assignment.Status.SKIPPED
     return assignment
 

@@ -61,7 +61,10 @@ def fetch_value(sql: str, params: list):
 
 def fetch_one(sql: str, params: list, *models) -> tuple | None:
     """Run `sql` (whose SELECT list is `columns(m)` for each model in turn) and build the
-    first row's instances, one per model; None when there is no row."""
+    first row's instances, one per model; None when there is no row.
+
+    Columns after the models' are appended to the tuple as the driver returned them (see
+    `field_value`)."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -72,4 +75,13 @@ def fetch_one(sql: str, params: list, *models) -> tuple | None:
         width = len(_fields(model))
         instances.append(_instance(model, row[start : start + width]))
         start += width
-    return tuple(instances)
+    return (*instances, *row[start:])
+
+
+def field_value(model, name: str, value):
+    """Convert a raw column value of `model.name` as the ORM would (e.g. SQLite datetimes)."""
+    field = model._meta.get_field(name)
+    col = field.get_col(model._meta.db_table)
+    for convert in connection.ops.get_db_converters(col) + field.get_db_converters(connection):
+        value = convert(value, col, connection)
+    return value

@@ -70,6 +70,16 @@ class QualityPolicy(models.Model):
     max_fast_share = models.FloatField(
         default=0.2, help_text="Pause when more than this share of judgments is too fast."
     )
+    # Skips.
+    min_served_for_skip_rate = models.PositiveIntegerField(
+        default=20, help_text="Items served (judged or skipped) before the skip rate is judged."
+    )
+    max_skip_excess = models.FloatField(
+        default=0.2,
+        help_text="Pause when the skip rate exceeds the other annotators' rate on the same "
+        "items by more than this, and significantly.",
+    )
+    skip_alpha = models.FloatField(default=0.01, help_text="Binomial test level of skip rate.")
     # Agreement with the other annotators' consensus.
     min_consensus_votes = models.PositiveIntegerField(
         default=20, help_text="Votes on shared items needed before the consensus test."
@@ -126,6 +136,14 @@ class QualityPolicy(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(min_seconds_per_item__gte=0), name="qualitypolicy_min_seconds_ge_0"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_skip_excess__gte=0) & Q(max_skip_excess__lte=1),
+                name="qualitypolicy_skip_excess_0_1",
+            ),
+            models.CheckConstraint(
+                condition=Q(skip_alpha__gt=0) & Q(skip_alpha__lt=1),
+                name="qualitypolicy_skip_alpha_0_1",
             ),
             models.CheckConstraint(
                 condition=Q(reading_chars_per_second__gt=0),

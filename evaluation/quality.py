@@ -1,7 +1,7 @@
 """Annotator quality checks on plain lists, and a pass/pause verdict from project thresholds.
 
-Gold accuracy, self-agreement on repeats, position bias, speed, and agreement with the crowd's
-consensus. Numpy/scipy only, no Django.
+Gold accuracy, self-agreement on repeats, position bias, speed, skip rate, and agreement with
+the crowd's consensus. Numpy/scipy only, no Django.
 """
 
 from __future__ import annotations
@@ -69,6 +69,17 @@ class SpeedReport:
 
 
 @dataclass(frozen=True)
+class SkipRate:
+    """Share of served items an annotator skipped, against the other annotators' share."""
+
+    n_served: int
+    n_skipped: int
+    rate: float | None
+    pool_rate: float | None
+    p_value: float | None
+
+
+@dataclass(frozen=True)
 class ConsensusOutlier:
     """How often an annotator agreed with the other annotators' consensus, and how unlikely."""
 
@@ -102,6 +113,11 @@ class QualityThresholds:
     )
     min_timed_judgments: int = field(default=10, metadata={"help": "timed votes needed"})
     max_fast_share: float = field(default=0.2, metadata={"help": "share of too-fast votes"})
+    min_skip_served: int = field(default=20, metadata={"help": "served items needed"})
+    max_skip_excess: float = field(
+        default=0.2, metadata={"help": "skip rate - pool rate must also exceed this"}
+    )
+    skip_alpha: float = field(default=0.01, metadata={"help": "skip-rate binomial test level"})
     min_consensus_votes: int = field(default=20, metadata={"help": "shared votes needed"})
     consensus_alpha: float = field(default=0.01, metadata={"help": "outlier test level"})
 
@@ -212,6 +228,22 @@ def speed_outliers(
     return SpeedReport(too_fast, below, threshold)
 
 
+def skip_rate(n_skipped: int, n_served: int, *, pool_skipped: int, pool_served: int) -> SkipRate:
+    """Return an annotator's skip rate and a one-sided binomial p-value against the pool's.
+
+    The pool's rate is Laplace-smoothed, (skipped + 1) / (served + 2), so a pool that never
+    skips (or a small one) does not make a single skip look impossible.
+    """
+    if n_skipped > n_served or pool_skipped > pool_served:
+        raise ValueError("skipped items must be among the served ones")
+    pool_rate = (pool_skipped + 1) / (pool_served + 2)
+    if n_served == 0:
+        return SkipRate(0, 0, None, pool_rate, None)
+    # P(X >= n_skipped) for X ~ Binomial(n_served, pool_rate).
+    p_value = stats.binom.sf(n_skipped - 1, n_served, pool_rate)
+    return SkipRate(n_served, n_skipped, n_skipped / n_served, pool_rate, float(p_value))
+
+
 def _poisson_binomial_cdf(successes: int, probabilities: np.ndarray) -> float:
     """Return P(X <= successes) for a sum of independent Bernoulli(p_i)."""
     # Recursion P_i(k) = P_{i-1}(k)(1 - p_i) + P_{i-1}(k - 1) p_i  (Chen & Liu 1997, sec. 2)
@@ -301,6 +333,7 @@ def assess_annotator(
     stability: Stability | None = None,
     position: PositionBias | None = None,
     speed: SpeedReport | None = None,
+    skips: SkipRate | None = None,
     consensus: ConsensusOutlier | None = None,
 ) -> Assessment:
     """Return pause with reasons if any check fails its threshold, else pass.
@@ -358,6 +391,18 @@ def assess_annotator(
             reasons.append(
                 f"{speed.share_flagged:.0%} of {n_timed} judgments too fast"
                 f" (limit {t.max_fast_share:.0%})"
+            )
+    if skips is not None:
+        if skips.n_served < t.min_skip_served:
+            notes.append(f"skip rate: {skips.n_served} of {t.min_skip_served} served items needed")
+        elif (
+            skips.p_value is not None
+            and skips.p_value < t.skip_alpha
+            and skips.rate - skips.pool_rate > t.max_skip_excess
+        ):
+            reasons.append(
+                f"skipped {skips.rate:.0%} of {skips.n_served} items, others"
+                f" {skips.pool_rate:.0%} of the same items (binomial p = {skips.p_value:.2g})"
             )
     if consensus is not None:
         if consensus.n_votes < t.min_consensus_votes:

@@ -28,6 +28,7 @@ from django.db.models.functions import Length
 from annotation.exports import gold_weights
 from annotation.models import (
     Adjudication,
+    Assignment,
     Item,
     ItemCandidate,
     Judgment,
@@ -37,6 +38,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
+from annotation.services import SOURCE_GROUPS
 from evaluation.agreement import (
     BootstrapCI,
     bootstrap_ci,
@@ -52,14 +54,20 @@ from evaluation.quality import (
     GoldAccuracy,
     PositionBias,
     QualityThresholds,
+    SkipRate,
     SpeedReport,
     Stability,
     consensus_outliers,
     gold_accuracy,
     intra_rater_stability,
     position_bias,
+    skip_rate,
     speed_outliers,
 )
+
+# Machine accounts (simulated, AI) label in no human time: they are not speed-checked, and
+# (never skipping) they are no part of anyone's skip-rate pool.
+MACHINE_SOURCES = (LabelSource.SIMULATED, LabelSource.AI)
 
 PAIRWISE_LABELS = ("A", "B", "tie", "both_bad")
 LABEL_CODE = {label: code for code, label in enumerate(PAIRWISE_LABELS)}
@@ -181,6 +189,9 @@ def quality_thresholds(*, policy: QualityPolicy) -> QualityThresholds:
         max_position_skew=policy.max_position_bias,
         min_timed_judgments=policy.min_timed_judgments,
         max_fast_share=policy.max_fast_share,
+        min_skip_served=policy.min_served_for_skip_rate,
+        max_skip_excess=policy.max_skip_excess,
+        skip_alpha=policy.skip_alpha,
         min_consensus_votes=policy.min_consensus_votes,
         consensus_alpha=policy.consensus_alpha,
     )
@@ -763,13 +774,13 @@ class AnnotatorQuality:
     gold: GoldAccuracy
     stability: Stability
     position: PositionBias
-    speed: SpeedReport
+    speed: SpeedReport | None
     consensus: ConsensusOutlier | None
     judgment_ids: tuple[int, ...]
+    skips: SkipRate | None = None
 
     def as_json(self) -> dict:
         """Return the figures as the JSON stored on an assessment."""
-        seconds_flagged = self.speed.flagged
         return {
             "source": self.source,
             "n_judgments": self.n_judgments,
@@ -794,12 +805,23 @@ class AnnotatorQuality:
                 "left_share": _number(self.position.left_share),
                 "p_value": _number(self.position.p_value),
             },
-            "speed": {
-                "n_timed": int(seconds_flagged.size),
+            "speed": None
+            if self.speed is None
+            else {
+                "n_timed": int(self.speed.flagged.size),
                 "n_too_fast_to_read": int(self.speed.too_fast_to_read.sum()),
                 "n_below_pool": int(self.speed.below_pool.sum()),
                 "share_flagged": _number(self.speed.share_flagged),
                 "pool_threshold_seconds": _number(self.speed.pool_threshold_seconds),
+            },
+            "skips": None
+            if self.skips is None
+            else {
+                "n_served": self.skips.n_served,
+                "n_skipped": self.skips.n_skipped,
+                "rate": _number(self.skips.rate),
+                "pool_rate": _number(self.skips.pool_rate),
+                "p_value": _number(self.skips.p_value),
             },
             "consensus": None
             if self.consensus is None
@@ -852,9 +874,11 @@ def annotator_quality(
     repeats (repeat vs original, both canonical), position bias (share of left presses among
     A/B decisions), speed (too fast to read ``prompt + answers`` at the policy's reading
     speed, or under ``min_seconds_per_item``, or far below the pool of times on the same
-    items) and agreement with the consensus of the other annotators of the same label
-    source on shared items (QC-flagged labels of others left out). A handful of queries
-    whatever the number of annotators.
+    items; the server's time on task where measured, else the client's; machine accounts
+    are not timed), skip rate (against the other human annotators served the same items)
+    and agreement with the consensus of the other annotators of the same label source on
+    shared items (QC-flagged labels of others left out). A handful of queries whatever the
+    number of annotators.
     """
     policy = policy or quality_policy_get(project=project)
     since = _resumed_since(project=project, annotator_ids=annotator_ids)
@@ -876,6 +900,7 @@ def annotator_quality(
             "item__is_gold",
             "item__gold_answer",
             "created_at",
+            "server_time_ms",
         )
     )
     own_rows = [row for row in own_rows if row[1] not in since or row[12] > since[row[1]]]
@@ -914,10 +939,23 @@ def annotator_quality(
         "qc_flag",
         "time_spent_ms",
         "created_at",
+        "server_time_ms",
     )
     crowd: dict[str, list[tuple[Rater, int, str]]] = defaultdict(list)
     pool_seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for annotator_id, external, item_id, choice, ranking, source, flag, ms, created in shared_rows:
+    for (
+        annotator_id,
+        external,
+        item_id,
+        choice,
+        ranking,
+        source,
+        flag,
+        ms,
+        created,
+        server_ms,
+    ) in shared_rows:
+        ms = server_ms if server_ms is not None else ms
         if annotator_id in since and created <= since[annotator_id]:
             continue
         # Labels QC flagged (e.g. of a paused annotator) are no part of anyone's crowd.
@@ -937,6 +975,7 @@ def annotator_quality(
     rows_by_annotator: dict[int, list[tuple]] = defaultdict(list)
     for row in own_rows:
         rows_by_annotator[row[1]].append(row)
+    skips = _skip_rates(project=project, annotator_ids=list(rows_by_annotator), since=since)
     floor_chars = policy.min_seconds_per_item * policy.reading_chars_per_second
     results = {}
     for annotator_id, rows in rows_by_annotator.items():
@@ -954,8 +993,10 @@ def annotator_quality(
             side = _shown_side(row[5])
             if side:
                 sides.append(side)
-            if row[6] is not None:
-                seconds.append(row[6] / 1000)
+            # The server's figure first: a client that leaves out its own cannot dodge this.
+            ms = row[13] if row[13] is not None else row[6]
+            if ms is not None:
+                seconds.append(ms / 1000)
                 # A floor of min_seconds_per_item: as if the text were at least that long.
                 lengths.append(max(chars.get(row[2]) or 0, floor_chars))
                 pool.extend(pool_seconds.get((source, row[2]), ()))
@@ -967,7 +1008,9 @@ def annotator_quality(
             gold=gold_accuracy(answers, golds, min_items=policy.min_gold_items),
             stability=intra_rater_stability(pairs),
             position=position_bias(sides),
-            speed=speed_outliers(
+            speed=None
+            if source in MACHINE_SOURCES
+            else speed_outliers(
                 seconds,
                 lengths,
                 reading_chars_per_second=policy.reading_chars_per_second,
@@ -975,8 +1018,57 @@ def annotator_quality(
             ),
             consensus=consensus.get(source, {}).get(annotator_id),
             judgment_ids=tuple(row[0] for row in rows),
+            skips=None if source in MACHINE_SOURCES else skips.get(annotator_id),
         )
     return results
+
+
+def _skip_rates(
+    *, project: Project, annotator_ids: list[int], since: dict[int, datetime]
+) -> dict[int, SkipRate]:
+    """Return each annotator's skip rate since their last resume against the pool's on the
+    same items: the other annotators' (machine accounts left out) served and skipped there.
+
+    Two queries; their size grows with these annotators' work, not the project's.
+    """
+    finished = (Assignment.Status.SUBMITTED, Assignment.Status.SKIPPED)
+    own = Assignment.objects.filter(
+        project=project, annotator_id__in=annotator_ids, status__in=finished
+    ).values_list("annotator_id", "item_id", "status", "finished_at")
+    served: dict[int, Counter] = defaultdict(Counter)
+    items_of: dict[int, set[int]] = defaultdict(set)
+    for annotator_id, item_id, status, finished_at in own:
+        if annotator_id in since and finished_at is not None and finished_at <= since[annotator_id]:
+            continue
+        served[annotator_id][status] += 1
+        items_of[annotator_id].add(item_id)
+    all_items = set().union(*items_of.values()) if items_of else set()
+    machines = get_user_model().objects.filter(groups__name__in=list(SOURCE_GROUPS))
+    pool_rows = (
+        Assignment.objects.filter(project=project, item_id__in=all_items, status__in=finished)
+        .exclude(annotator__in=machines)
+        .values("annotator_id", "item_id")
+        .annotate(n=Count("id"), n_skipped=Count("id", filter=Q(status=Assignment.Status.SKIPPED)))
+        .values_list("annotator_id", "item_id", "n", "n_skipped")
+    )
+    per_item: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for annotator_id, item_id, n, n_skipped in pool_rows:
+        per_item[item_id].append((annotator_id, n, n_skipped))
+    rates = {}
+    for annotator_id, counts in served.items():
+        pool_served = pool_skipped = 0
+        for item_id in items_of[annotator_id]:
+            for other, n, n_skipped in per_item.get(item_id, ()):
+                if other != annotator_id:
+                    pool_served += n
+                    pool_skipped += n_skipped
+        rates[annotator_id] = skip_rate(
+            counts[Assignment.Status.SKIPPED],
+            sum(counts.values()),
+            pool_skipped=pool_skipped,
+            pool_served=pool_served,
+        )
+    return rates
 
 
 def annotator_quality_table(*, project: Project) -> list[dict]:

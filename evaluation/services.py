@@ -47,6 +47,7 @@ CHECKS = (
     ("stability", "stability"),
     ("position_bias", "position"),
     ("speed", "speed"),
+    ("skip_rate", "skips"),
     ("consensus", "consensus"),
 )
 PAUSE_FLAG_PREFIX = "paused:"
@@ -182,8 +183,10 @@ def annotator_resume(
 ) -> AnnotatorAssessment:
     """Resume a paused annotator and clear the flag; later checks start from this moment.
 
-    With ``clear_labels`` the labels QC flagged when pausing become usable again. The resume
-    is stored as an assessment with verdict ``resumed``.
+    With ``clear_labels`` the labels QC flagged when pausing become usable again. The skips
+    counted against the project's skip budget are cleared too, so this also lets an
+    annotator who spent it be served again. The resume is stored as an assessment with
+    verdict ``resumed``.
     """
     membership = (
         Membership.objects.select_for_update().filter(project=project, user_id=annotator_id).first()
@@ -193,6 +196,7 @@ def annotator_resume(
     annotation_services.membership_set_status(
         membership=membership, status=Membership.Status.ACTIVE, reason="", flagged=False
     )
+    Membership.objects.filter(pk=membership.pk).update(skip_count=0, skips_in_row=0)
     if clear_labels:
         Judgment.objects.filter(
             project=project, annotator_id=annotator_id, qc_flag__startswith=PAUSE_FLAG_PREFIX

@@ -119,13 +119,18 @@ def test_skip_and_heartbeat(setup):
 
 
 def test_progress_counts(setup):
-    project, annotator, *_ = setup
+    project, annotator, researcher, _ = setup
     client = _client(annotator)
     aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     client.post(f"/api/assignments/{aid}/submit/", {"choice": "A"}, format="json")
     p = client.get(f"/api/projects/{project.pk}/progress/").json()
     assert p["items"] == 3 and p["judgments_needed"] == 6
-    assert p["judgments_done"] == 1 and p["my_judgments"] == 1
+    # Annotators see their own count and the project's in whole percent (1 of 6 -> 16%).
+    assert p["my_judgments"] == 1 and p["fraction_complete"] == 0.16
+    assert p["judgments_done"] == 0
+    # Researchers see the live totals.
+    p = _client(researcher).get(f"/api/projects/{project.pk}/progress/").json()
+    assert p["judgments_done"] == 1 and p["my_judgments"] == 0
 
 
 def test_researcher_imports_jsonl_atomically_with_every_bad_line_reported(setup):

@@ -53,6 +53,8 @@ def test_next_returns_the_live_lease_again():
 
 def test_payload_hides_model_identity_gold_and_kind():
     project, (user, *_) = _project(gold_rate=1.0)
+    # Gold is served only while primary work remains for the annotator.
+    make_items(project, 1)
     make_items(project, 1, gold=["A"], models=("secret-model-x", "secret-model-y"))
     assignment = services.assignment_next(project_id=project.pk, user=user)
     assert assignment.kind == Assignment.Kind.GOLD
