@@ -105,7 +105,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = env.path("DJANGO_STATIC_ROOT", default=BASE_DIR / "staticfiles")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "config.storage.StaticFilesStorage"},
 }
 
 LOGIN_URL = "login"

@@ -106,7 +106,7 @@ print(json.dumps({
     # whitenoise right after SecurityMiddleware (its documented place).
     assert middleware.index("whitenoise.middleware.WhiteNoiseMiddleware") == 1
     assert middleware[0] == "django.middleware.security.SecurityMiddleware"
-    assert s["STATICFILES"] == "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    assert s["STATICFILES"] == "config.storage.StaticFilesStorage"
     directives = s["CSP"]["DIRECTIVES"]
     assert directives["default-src"] == ["'self'"] and directives["script-src"] == ["'self'"]
     for name, sources in directives.items():
