@@ -11,6 +11,13 @@ operation). Checked for each request:
 - a 4xx carries a JSON object saying what is wrong (`detail`, or per-field messages);
 - a 4xx wrote nothing: the row count of every table of the project's apps is unchanged.
 Each request runs in a savepoint that is rolled back, so every request sees the same world.
+
+The same operations are then fuzzed as an annotator of the project and as a researcher of
+another project (`test_operation_as_a_role_...`). Path parameters always name the project's
+rows (for the annotator, other people's assignments), and ids in JSON bodies mostly do too.
+Whether a role may touch an operation comes from the URL table in tests/deploy/url_access.py.
+Checked: never a 5xx; never a 2xx where the role may not touch; and nothing the role may not
+see (the model, dataset, run, or for the outsider the project itself) in any answer.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from django.apps import apps
 from django.core import signals
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections, transaction
+from django.urls import Resolver404, resolve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
@@ -30,6 +38,7 @@ from schemathesis import GenerationMode
 
 from annotation import services
 from annotation.models import DatasetVersion, Membership, Round
+from tests.deploy.url_access import GIVEAWAYS, rule_for
 from tests.factories import add_member, make_items, make_project, make_user
 from training.models import ModelVersion, TrainingRun
 
@@ -41,7 +50,14 @@ FUZZ = settings(
     database=None,  # the checkout is shared: keep no example database in it
     suppress_health_check=list(HealthCheck),
 )
+# Fewer examples per operation for each of the two roles: a refusal is reached early.
+ROLE_FUZZ = settings(FUZZ, max_examples=int(os.environ.get("PREFLOOP_FUZZ_ROLE_EXAMPLES", "12")))
 REAL_ROW_MOSTLY = st.sampled_from([True, True, True, False])
+# Planted in the project's rows: names no annotator or outsider may read.
+SECRET_PROJECT = "fuzz-secret-project-5150"
+SECRET_MODEL = "fuzz-secret-model-8128"
+SECRET_DATASET = "fuzz-secret-dataset-3141"
+SECRET_RUN = "fuzz-secret-run-2236"
 APPS = ("annotation", "training", "evaluation", "auth", "authtoken", "django_celery_beat")
 
 
@@ -62,16 +78,27 @@ OPERATIONS = sorted(
 def world(db, tmp_path, settings):
     """Return the ids path parameters point at, and a staff researcher's token."""
     settings.ARTIFACT_ROOT = tmp_path / "artifacts"
-    project = make_project(name="fuzz", ask_rationale=True, ask_confidence=True, ask_strength=True)
+    project = make_project(
+        name=SECRET_PROJECT, ask_rationale=True, ask_confidence=True, ask_strength=True
+    )
     staff = make_user("fuzz-staff", staff=True)
     annotator = make_user("fuzz-annotator")
+    colleague = make_user("fuzz-colleague")
     add_member(project, staff, Membership.Role.RESEARCHER)
     add_member(project, annotator)
+    add_member(project, colleague)
+    # A researcher of another project, which has nothing of its own.
+    elsewhere = make_project(name="fuzz-elsewhere")
+    other_researcher = make_user("fuzz-other-researcher")
+    add_member(elsewhere, other_researcher, Membership.Role.RESEARCHER)
     round_ = Round.objects.create(project=project, number=1)
-    items = make_items(project, 3, round_=round_)
+    items = make_items(project, 3, round_=round_, models=(SECRET_MODEL, "fuzz-baseline"))
     done = services.assignment_next(project_id=project.pk, user=annotator)
     services.judgment_submit(assignment_id=done.pk, user=annotator, choice="A")
     lease = services.assignment_next(project_id=project.pk, user=staff)
+    colleague_done = services.assignment_next(project_id=project.pk, user=colleague)
+    services.judgment_submit(assignment_id=colleague_done.pk, user=colleague, choice="B")
+    colleague_lease = services.assignment_next(project_id=project.pk, user=colleague)
     folder = tmp_path / "dataset-v1"
     folder.mkdir()
     (folder / "manifest.json").write_text("{}")
@@ -79,18 +106,57 @@ def world(db, tmp_path, settings):
     dataset = DatasetVersion.objects.create(
         project=project,
         version=1,
+        name=SECRET_DATASET,
         status=DatasetVersion.Status.READY,
         content_hash="0" * 64,
         path=str(folder),
     )
     run = TrainingRun.objects.create(
-        recipe="reward", project=project, dataset_version=dataset, status="queued"
+        recipe="reward",
+        project=project,
+        dataset_version=dataset,
+        status="queued",
+        config={"note": SECRET_RUN},
     )
     model = ModelVersion.objects.create(
-        name="fuzz-model", artifact_path=str(tmp_path / "model"), training_run=run
+        name=SECRET_MODEL, artifact_path=str(tmp_path / "model"), training_run=run
     )
+    p_ids = {
+        "project_id": [project.pk],
+        "item_id": [i.pk for i in items],
+        "user_id": [annotator.pk, colleague.pk],
+        "version": [dataset.version],
+        "name": ["train.jsonl", "manifest.json"],
+        "number": [round_.number],
+        "run_id": [run.pk],
+        "version_id": [model.pk],
+    }
     return {
         "token": Token.objects.create(user=staff).key,
+        # Per role: its token, the ids its path parameters take, the ids its bodies take,
+        # and what it must never read.
+        "roles": {
+            "annotator": {
+                "token": Token.objects.create(user=annotator).key,
+                "ids": {
+                    **p_ids,
+                    "assignment_id": [lease.pk, colleague_done.pk, colleague_lease.pk],
+                },
+                "secrets": (SECRET_MODEL, SECRET_DATASET, SECRET_RUN),
+            },
+            "other_researcher": {
+                "token": Token.objects.create(user=other_researcher).key,
+                "ids": {**p_ids, "assignment_id": [lease.pk, done.pk, colleague_lease.pk]},
+                "secrets": (SECRET_PROJECT, SECRET_MODEL, SECRET_DATASET, SECRET_RUN),
+            },
+        },
+        "body_ids": {
+            "project_id": [project.pk, elsewhere.pk],
+            "dataset_version_id": [dataset.pk],
+            "base_model_id": [model.pk],
+            "round": [round_.number],
+            "username": [annotator.username, colleague.username],
+        },
         "ids": {
             "project_id": [project.pk],
             "assignment_id": [lease.pk, done.pk],
@@ -158,6 +224,66 @@ def test_operation_answers_bad_requests_with_a_4xx_and_writes_nothing(
                 assert _counts() == before, case.as_curl_command()
                 if status not in (404, 405) and "json" in response.headers.get("Content-Type", ""):
                     assert _explains(response.json()), (case.as_curl_command(), response.text)
+            transaction.set_rollback(True)
+
+    check()
+
+
+def _may_touch(role: str, method: str, path: str, path_parameters: dict) -> bool:
+    """Return whether the URL table lets the role use this method on this URL."""
+    try:
+        name = resolve(path).view_name
+    except Resolver404:
+        return False
+    rule = rule_for(name)
+    allowed = getattr(rule, method.lower(), None) if rule else None
+    # Roles get only other people's assignments, which no one else may use.
+    return bool(allowed) and role in allowed and "assignment_id" not in path_parameters
+
+
+ROLES = ("annotator", "other_researcher")
+ROLE_CASES = [(role, m, p) for role in ROLES for m, p in OPERATIONS]
+
+
+@pytest.mark.parametrize(
+    ("role", "method", "path"), ROLE_CASES, ids=[f"{r} {m} {p}" for r, m, p in ROLE_CASES]
+)
+def test_operation_as_a_role_never_lets_in_where_it_may_not_and_never_fails(
+    role, method, path, world, wsgi_app
+):
+    operation = SCHEMA[path][method]
+    me = world["roles"][role]
+    cases = st.one_of(
+        operation.as_strategy(generation_mode=GenerationMode.POSITIVE),
+        operation.as_strategy(generation_mode=GenerationMode.NEGATIVE),
+    )
+
+    @ROLE_FUZZ
+    @given(case=cases, data=st.data())
+    def check(case, data):
+        # Path parameters always name the project's rows, so a 2xx means a door was open.
+        for name in list(case.path_parameters or {}):
+            if name in me["ids"]:
+                case.path_parameters[name] = data.draw(st.sampled_from(me["ids"][name]), label=name)
+        if isinstance(case.body, dict):
+            for name, real in world["body_ids"].items():
+                if name in case.body and data.draw(REAL_ROW_MOSTLY, label=f"{name} is real"):
+                    case.body[name] = data.draw(st.sampled_from(real), label=name)
+        allowed = _may_touch(role, method, case.formatted_path, case.path_parameters or {})
+        with transaction.atomic():
+            before = _counts()
+            response = case.call(app=wsgi_app, headers={"Authorization": f"Token {me['token']}"})
+            status = response.status_code
+            where = f"as {role}: {status}\n{case.as_curl_command()}\n{response.text[:2000]}"
+            assert status < 500, where
+            if not allowed:
+                assert not 200 <= status < 300, where
+                assert _counts() == before, where
+            leaked = [s for s in me["secrets"] if s in response.text]
+            assert not leaked, f"{where}\nshows {leaked}"
+            if path not in ("/api/schema/",):
+                match = GIVEAWAYS.search(response.text)
+                assert match is None, f"{where}\nshows {match.group(0)!r}"
             transaction.set_rollback(True)
 
     check()

@@ -28,7 +28,16 @@ from django.urls import path as url_path
 
 from annotation import services
 from annotation.models import Assignment, Candidate, DatasetVersion, Membership, Round
-from tests.deploy.url_access import ACCESS, PUBLIC, RESEARCHER, ROLES, STAFF, Rule, rule_for
+from tests.deploy.url_access import (
+    ACCESS,
+    GIVEAWAYS,
+    PUBLIC,
+    RESEARCHER,
+    ROLES,
+    STAFF,
+    Rule,
+    rule_for,
+)
 from tests.factories import add_member, make_items, make_project, make_user
 from training.models import ModelVersion, TrainingRun
 
@@ -52,7 +61,7 @@ SECRETS = (
     VICTIM_RATIONALE,
 )
 # Field names that give gold items or assignment kinds away.
-STRUCTURAL = re.compile(r'is_gold|gold_answer|"kind"\s*:\s*"(gold|repeat|primary)"')
+STRUCTURAL = GIVEAWAYS
 # Roles that must see nothing of the above (other_researcher: nothing of project P).
 BLIND_ROLES = ("anonymous", "outsider", "other_researcher", "annotator")
 STRUCTURE_BLIND_ROLES = ("anonymous", "outsider", "annotator")
@@ -222,6 +231,13 @@ def _admin_object_id(w: World, route: Route, role: str) -> str:
     return str(w.project.pk)
 
 
+def _import_job_id(w: World, route: Route, role: str) -> int:
+    from annotation.models import ImportJob
+
+    job = ImportJob.objects.filter(project=w.project).first()
+    return (job or ImportJob.objects.create(project=w.project, kind="items")).pk
+
+
 def _assignment_id(w: World, route: Route, role: str) -> int:
     # One's own live assignment; a role without one tries the victim's (must be refused).
     own = w.assignments.get(role)
@@ -236,6 +252,7 @@ KWARGS = {
     "version": lambda w, route, role: w.dataset.version,
     "name": lambda w, route, role: "manifest.json",
     "run_id": lambda w, route, role: w.run.pk,
+    "job_id": _import_job_id,
     "version_id": lambda w, route, role: w.model_version.pk,
     # An item of P another annotator labelled, and that annotator (QC and review pages).
     "item_id": lambda w, route, role: w.victim_item.pk,

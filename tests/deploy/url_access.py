@@ -19,6 +19,7 @@ data): login, logout, api-token, api-schema, api-docs, admin:login, admin:logout
 Static files are served by whitenoise before the URLconf and carry no data.
 """
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +32,9 @@ ROLES = (
     "researcher",
     "staff",
 )
+
+# Field names that give gold items or assignment kinds away: never in an annotator's answer.
+GIVEAWAYS = re.compile(r'is_gold|gold_answer|"kind"\s*:\s*"(gold|repeat|primary)"')
 
 # Who gets in, as sets of roles.
 PUBLIC = frozenset(ROLES)
@@ -88,6 +92,7 @@ ACCESS: dict[str, Rule] = {
     "api-round-close": Rule(post=RESEARCHER),
     "api-import": Rule(post=RESEARCHER),
     "api-import-preferences": Rule(post=RESEARCHER),
+    "api-import-job": Rule(get=RESEARCHER),
     "api-next": Rule(post=MEMBER_ONLY),
     "api-progress": Rule(get=MEMBER),
     "api-submit": Rule(post=MEMBER_ONLY),
