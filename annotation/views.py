@@ -67,7 +67,7 @@ SKIP_REASONS = [
     ("other", "Other (say why)"),
 ]
 CONFIDENCE_LEVELS = [
-    (1, "Guessing"),
+    (1, "Guess"),
     (2, "Unsure"),
     (3, "Fairly sure"),
     (4, "Sure"),

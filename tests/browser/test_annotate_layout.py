@@ -78,6 +78,7 @@ def test_phone_keeps_submit_in_reach_and_names_confidence_levels(make_page, live
     page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
     page.wait_for_selector("#item")
     assert page.evaluate("document.documentElement.scrollWidth") <= 360
+    assert "{#" not in page.inner_text("body")
 
     # Submit is on screen without scrolling, and nothing lies over it.
     assert page.evaluate("window.scrollY") == 0
@@ -98,6 +99,9 @@ def test_phone_keeps_submit_in_reach_and_names_confidence_levels(make_page, live
         assert words.nth(index).is_visible()
     shown = " ".join(words.all_inner_texts()).lower()
     assert "guess" in shown and "certain" in shown
+    # Single words stay whole (no "Guessin / g").
+    for index in (0, 1, 3, 4):
+        assert words.nth(index).evaluate("el => el.getClientRects().length") == 1
     for box in _boxes(page, ".confidence-group .btn-choice"):
         assert box["x"] >= 0 and box["x"] + box["width"] <= 360
 
