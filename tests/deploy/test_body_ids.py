@@ -234,6 +234,40 @@ CASES = [
         _run_body(project_id=A, dataset_version_id=A_DATASET, base_model_id=lambda w: w.b_model.pk),
         field="base_model_id",
     ),
+    *[
+        Case(
+            f"train with B's model as config.{name}",
+            "POST",
+            lambda w: "/api/training/runs/",
+            lambda w, name=name: {
+                "recipe": "ppo",
+                "config": {name: w.b_model.pk},
+                "project_id": w.a.pk,
+                "dataset_version_id": w.a_dataset.pk,
+                "base_model_id": w.a_model.pk,
+            },
+            field=name,
+        )
+        for name in (
+            "tokenizer_model_id",
+            "reference_model_id",
+            "reward_model_id",
+            "value_model_id",
+        )
+    ],
+    Case(
+        "resume from B's run",
+        "POST",
+        lambda w: "/api/training/runs/",
+        lambda w: {
+            "recipe": "reward",
+            "config": {"resume_from_run_id": w.b_run.pk},
+            "project_id": w.a.pk,
+            "dataset_version_id": w.a_dataset.pk,
+            "base_model_id": w.a_model.pk,
+        },
+        field="resume_from_run_id",
+    ),
     # --- ids in the query string ---
     Case(
         "agreement of B's round number",
