@@ -89,6 +89,9 @@ class ProjectResearcherOutput(serializers.ModelSerializer):
             "repeat_rate",
             "repeat_min_gap",
             "lease_seconds",
+            "max_skip_fraction",
+            "max_skips_in_row",
+            "skip_fraction_min_served",
             "allow_tie",
             "allow_both_bad",
             "ask_strength",
@@ -186,6 +189,9 @@ class ProjectListApi(APIView):
                 "repeat_rate",
                 "repeat_min_gap",
                 "lease_seconds",
+                "max_skip_fraction",
+                "max_skips_in_row",
+                "skip_fraction_min_served",
                 "allow_tie",
                 "allow_both_bad",
                 "ask_strength",
@@ -201,7 +207,7 @@ class ProjectListApi(APIView):
                 raise serializers.ValidationError({"k": "A pairwise project has k = 2."})
             if not 2 <= k <= 8:
                 raise serializers.ValidationError({"k": "k must be from 2 to 8."})
-            for rate in ("gold_rate", "repeat_rate"):
+            for rate in ("gold_rate", "repeat_rate", "max_skip_fraction"):
                 if not 0 <= attrs.get(rate, 0) <= 1:
                     raise serializers.ValidationError({rate: "must be between 0 and 1."})
             if attrs.get("gold_rate", 0) + attrs.get("repeat_rate", 0) > 1:

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from annotation import services
-from annotation.models import Assignment, Judgment, Membership
+from annotation.models import Assignment, Judgment, Membership, Project
 from tests.factories import add_member, make_items, make_project, make_user
 
 pytestmark = pytest.mark.django_db
@@ -204,3 +204,18 @@ def test_an_item_leased_ahead_is_timed_from_the_annotators_previous_submit():
     # Timed from the submit in the first project, not from its lease 90 s ago.
     assert Judgment.objects.get(pk=judgment_id).server_time_ms < 30_000
     assert Judgment.objects.get(assignment=current).server_time_ms >= 60_000
+
+
+def test_the_skip_budget_is_a_project_setting_checked_on_creation():
+    staff = make_user(staff=True)
+    client = _client(staff)
+    body = {"name": "budgeted", "max_skip_fraction": 1.5, "max_skips_in_row": 4}
+    response = client.post("/api/projects/", body, format="json")
+    assert response.status_code == 400 and "max_skip_fraction" in response.json()
+    assert not Project.objects.filter(name="budgeted").exists()
+    body["max_skip_fraction"] = 0.1
+    response = client.post("/api/projects/", body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["max_skip_fraction"] == 0.1
+    project = Project.objects.get(name="budgeted")
+    assert (project.max_skip_fraction, project.max_skips_in_row) == (0.1, 4)
