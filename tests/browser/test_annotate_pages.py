@@ -66,6 +66,32 @@ def test_leaving_during_the_hold_stores_the_answer_once(make_page, live_server):
     recorder.assert_clean()
 
 
+def test_typing_another_address_during_the_hold_still_sends_the_answer(make_page, live_server):
+    project = make_project(name="Navigate away", overlap=1)
+    annotator = make_user("ann-away")
+    add_member(project, annotator)
+    make_items(project, 2)
+    recorder = make_page()
+    page = recorder.page
+    login(recorder, live_server, annotator.username)
+    page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
+    page.wait_for_selector("#item")
+    assignment_id = page.get_attribute("#item", "data-assignment")
+    page.keyboard.press("2")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#undo-btn:not([hidden])")
+    # Not a link of the page: the browser itself navigates (address bar, bookmark).
+    page.goto(f"{live_server.url}/")
+
+    assert _wait_for(lambda: Judgment.objects.filter(assignment_id=assignment_id).exists())
+    # The project list sends what the outbox still holds; the server replays, nothing doubles.
+    page.wait_for_function("() => (localStorage.getItem('prefloop.outbox.v1') || '{}') === '{}'")
+    page.wait_for_timeout(500)
+    assert Judgment.objects.filter(assignment_id=assignment_id).count() == 1
+    assert Judgment.objects.get(assignment_id=assignment_id).shown_choice == "B"
+    recorder.assert_clean()
+
+
 def test_paused_annotator_sees_the_reason_and_whom_to_contact(make_page, live_server, settings):
     project = make_project(name="Paused project", overlap=1)
     annotator = make_user("ann-paused")
