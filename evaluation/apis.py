@@ -149,6 +149,13 @@ class PolicyApi(APIView):
         project = services.project_for_manager(project_id=project_id, user=request.user)
         if not isinstance(request.data, dict):
             return Response({"detail": "Send a JSON object.", "code": "policy"}, status=400)
+        # Names from the request become keyword arguments only once known to be policy fields.
+        unknown = sorted(str(name) for name in set(request.data) - set(services.POLICY_FIELDS))
+        if unknown:
+            return Response(
+                {"detail": f"Unknown policy fields: {', '.join(unknown)}.", "code": "policy"},
+                status=400,
+            )
         policy = services.quality_policy_update(project=project, **request.data)
         return Response(_policy_json(policy))
 

@@ -268,6 +268,16 @@ CASES = [
         },
         field="resume_from_run_id",
     ),
+    *[
+        Case(
+            f"move A's QC policy to B by {name}",
+            "PATCH",
+            lambda w: f"/api/qc/projects/{w.a.pk}/policy/",
+            lambda w, name=name: {name: w.b.pk, "enabled": False},
+            field=name,
+        )
+        for name in ("project", "project_id", "id")
+    ],
     # --- ids in the query string ---
     Case(
         "agreement of B's round number",
@@ -381,6 +391,8 @@ def _send(client: Client, case: Case, w: World):
     if case.method == "GET":
         return client.get(path)
     body = case.body(w) if case.body else {}
+    if case.method == "PATCH":
+        return client.patch(path, data=body, content_type="application/json")
     if case.encoding == "json":
         return client.post(path, data=body, content_type="application/json")
     return client.post(path, data=body)  # multipart, as browsers and uploads send it
