@@ -69,11 +69,10 @@ CHILD_ENV_NAMES = frozenset(
         "PYTHONPATH",
         "PYTHONHASHSEED",
         "VIRTUAL_ENV",
+        "LD_LIBRARY_PATH",  # CUDA and NCCL libraries on GPU hosts
+        "XDG_CACHE_HOME",
         "TOKENIZERS_PARALLELISM",
         "DISABLE_MLFLOW_INTEGRATION",
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "NVIDIA_VISIBLE_DEVICES",
         # torch.distributed / accelerate rendezvous
         "MASTER_ADDR",
         "MASTER_PORT",
@@ -86,6 +85,9 @@ CHILD_ENV_NAMES = frozenset(
 )
 CHILD_ENV_PREFIXES = (
     "LC_",
+    "CUDA_",
+    "NVIDIA_",
+    "TRITON_",
     "HF_",
     "TRANSFORMERS_",
     "ACCELERATE_",
@@ -96,7 +98,7 @@ CHILD_ENV_PREFIXES = (
     "MKL_",
     "OPENBLAS_",
 )
-# Even under an allowed prefix (HF_TOKEN, ...), a credential is never passed on.
+# A credential under an allowed prefix (HF_TOKEN, ...) is never passed on.
 CHILD_ENV_SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|KEY|AUTH", re.IGNORECASE)
 _PR_SET_PDEATHSIG = 1
 
@@ -710,10 +712,8 @@ def _child_env() -> dict[str, str]:
         name: value
         for name, value in os.environ.items()
         if name in extra
-        or (
-            (name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES))
-            and not CHILD_ENV_SECRET.search(name)
-        )
+        or name in CHILD_ENV_NAMES
+        or (name.startswith(CHILD_ENV_PREFIXES) and not CHILD_ENV_SECRET.search(name))
     }
     env["PYTHONUNBUFFERED"] = "1"
     base = str(settings.BASE_DIR)
