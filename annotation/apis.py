@@ -15,7 +15,8 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from annotation import selectors, services
-from annotation.importers import ImportFailed, items_import
+from annotation.apis_imports import ImportJobOutput, declared_upload_too_large, import_now_or_queue
+from annotation.importers import items_import
 from annotation.models import Membership, Project, Round, TaskKind
 from annotation.pagination import paginate
 
@@ -314,16 +315,25 @@ class ImportApi(APIView):
 
     @extend_schema(
         request=InputSerializer,
-        responses={201: ImportReportOutput, 400: OpenApiResponse(ImportErrorsOutput)},
+        responses={
+            201: ImportReportOutput,
+            202: ImportJobOutput,
+            400: OpenApiResponse(ImportErrorsOutput),
+            413: OpenApiResponse(description="The file is past a size limit (named)."),
+        },
     )
     def post(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
+        refused = declared_upload_too_large(request)
+        if refused is not None:
+            return refused
         upload = request.data.get("file")
         if not hasattr(upload, "file"):  # missing, or sent as a plain form field
             return Response(
                 {"detail": "Send the file as multipart field 'file'.", "code": "file"}, status=400
             )
-        fmt = request.data.get("format") or ("csv" if upload.name.endswith(".csv") else "jsonl")
+        is_csv = upload.name.removesuffix(".gz").endswith(".csv")
+        fmt = request.data.get("format") or ("csv" if is_csv else "jsonl")
         if fmt not in ("jsonl", "csv"):
             return Response(
                 {"detail": "format must be jsonl or csv.", "code": "format"}, status=400
@@ -336,18 +346,16 @@ class ImportApi(APIView):
                     {"detail": "round must be a round number.", "code": "round"}, status=400
                 )
             round_ = get_object_or_404(Round, project=project, number=int(number))
-        try:
-            report = items_import(project=project, stream=upload.file, fmt=fmt, round_=round_)
-        except ImportFailed as exc:
-            return Response(
-                {
-                    "detail": f"{exc.total_bad} bad line(s); nothing was imported.",
-                    "code": "invalid_import",
-                    "errors": [{"line": line, "error": msg} for line, msg in exc.errors],
-                },
-                status=400,
-            )
-        return Response(report.__dict__, status=status.HTTP_201_CREATED)
+        return import_now_or_queue(
+            request=request,
+            project=project,
+            kind="items",
+            upload=upload,
+            options={"format": fmt, "round_id": round_.pk if round_ is not None else None},
+            run=lambda stream: (
+                items_import(project=project, stream=stream, fmt=fmt, round_=round_).__dict__
+            ),
+        )
 
 
 class NextApi(APIView):

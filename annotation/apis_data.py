@@ -2,7 +2,9 @@
 
 * ``POST /api/projects/{id}/import-preferences/`` — multipart ``file`` (``.jsonl`` or
   ``.jsonl.gz``), ``format`` (hh, trl, ranking), optional ``batch``, ``round``, ``serve``,
-  ``near_duplicates`` -> 201 report, or 400 with every bad line.
+  ``near_duplicates`` -> 201 report, 400 with every bad line, 413 past a size limit, or 202
+  with an import job when the upload is large (see annotation/apis_imports.py).
+* ``GET /api/projects/{id}/imports/{job}/`` — a queued import's progress and outcome.
 * ``GET /api/projects/{id}/datasets/`` — the project's snapshots.
 * ``POST /api/projects/{id}/datasets/`` — ``{name, policy: {...}, sync: false}`` -> 202 with
   the new version (built by a Celery task after commit), or 201 when ``sync``.
@@ -11,8 +13,6 @@
 """
 
 from __future__ import annotations
-
-import gzip
 
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
@@ -26,9 +26,13 @@ from rest_framework.views import APIView
 
 from annotation import exports, tasks
 from annotation.apis import _project_for_manager
-from annotation.importers import ImportFailed
+from annotation.apis_imports import (
+    ImportJobOutput,
+    declared_upload_too_large,
+    import_now_or_queue,
+)
 from annotation.importers_pref import FORMATS, preferences_import
-from annotation.models import DatasetVersion, Round
+from annotation.models import DatasetVersion, ImportJob, Round
 from annotation.pagination import paginate
 
 
@@ -66,22 +70,34 @@ class PreferenceImportApi(APIView):
         near_duplicates = serializers.BooleanField(required=False, default=False)
 
     @extend_schema(
-        request={"multipart/form-data": InputSerializer}, responses={201: OpenApiTypes.OBJECT}
+        request={"multipart/form-data": InputSerializer},
+        responses={
+            201: OpenApiTypes.OBJECT,
+            202: ImportJobOutput,
+            413: OpenApiResponse(description="The file is past a size limit (named)."),
+        },
     )
     def post(self, request, project_id: int):
         project = _project_for_manager(project_id, request.user)
+        refused = declared_upload_too_large(request)
+        if refused is not None:
+            return refused
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         round_ = None
         if data["round"] is not None:
             round_ = get_object_or_404(Round, project=project, number=data["round"])
-        upload = data["file"]
-        stream = upload.file
-        if upload.name.endswith(".gz"):
-            stream = gzip.GzipFile(fileobj=upload.file, mode="rb")
-        try:
-            report = preferences_import(
+        options = {
+            "format": data["format"],
+            "batch": data["batch"],
+            "round_id": round_.pk if round_ is not None else None,
+            "serve": data["serve"],
+            "near_duplicates": data["near_duplicates"],
+        }
+
+        def run(stream) -> dict:
+            return preferences_import(
                 project=project,
                 stream=stream,
                 fmt=data["format"],
@@ -89,19 +105,24 @@ class PreferenceImportApi(APIView):
                 round_=round_,
                 serve=data["serve"],
                 near_duplicates=data["near_duplicates"],
-            )
-        except ImportFailed as exc:
-            return Response(
-                {
-                    "detail": f"{exc.total_bad} bad line(s); nothing was imported.",
-                    "code": "invalid_import",
-                    "errors": [{"line": line, "error": msg} for line, msg in exc.errors],
-                },
-                status=400,
-            )
-        except (OSError, EOFError) as exc:  # a truncated or non-gzip .gz upload
-            return Response({"detail": f"cannot read the file: {exc}", "code": "file"}, 400)
-        return Response(report.as_dict(), status=status.HTTP_201_CREATED)
+            ).as_dict()
+
+        return import_now_or_queue(
+            request=request,
+            project=project,
+            kind=ImportJob.Kind.PREFERENCES,
+            upload=data["file"],
+            options=options,
+            run=run,
+        )
+
+
+class ImportJobDetailApi(APIView):
+    @extend_schema(responses=ImportJobOutput)
+    def get(self, request, project_id: int, job_id: int):
+        project = _project_for_manager(project_id, request.user)
+        job = get_object_or_404(ImportJob, project=project, pk=job_id)
+        return Response(ImportJobOutput(job).data)
 
 
 class DatasetListApi(APIView):

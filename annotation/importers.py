@@ -6,19 +6,22 @@ One JSONL line:
                      "generation_config": {"temperature": 0.7, "top_p": 0.9, ...}}, ...],
      "gold": "A" | [1, 2, 3]}            # optional; marks a hidden gold item
 The file is read twice, streaming: a first pass validates every line and reports every bad
-one; only a clean file is written, inside one transaction, in batches.
+one; only a clean file is written, inside one transaction, in batches. Reading is bounded
+(`bounded_lines`): at most IMPORT_MAX_LINE_BYTES per line and IMPORT_MAX_BYTES per file once
+decompressed, so a gzip bomb or a line of a gigabyte stops with `ImportTooLarge` after that
+many bytes, never holding more than one line in memory.
 """
 
 import csv
 import hashlib
-import io
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
+from django.conf import settings
 from django.db import transaction
 
 from annotation.models import (
@@ -65,6 +68,58 @@ class ImportFailed(Exception):
 
     def __reduce__(self):
         return (self.__class__, (self.errors, self.total_bad))
+
+
+class ImportTooLarge(Exception):
+    """The file passed a size limit; reading stopped there and nothing was written."""
+
+    def __init__(self, message: str, *, setting: str, limit: int):
+        self.message, self.setting, self.limit = message, setting, limit
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (_import_too_large, (self.message, self.setting, self.limit))
+
+
+def _import_too_large(message: str, setting: str, limit: int) -> ImportTooLarge:
+    return ImportTooLarge(message, setting=setting, limit=limit)
+
+
+def size_text(n: int) -> str:
+    """Return a byte count as people read it, e.g. '16 MiB (16777216 bytes)'."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
+def bounded_lines(stream: IO) -> Iterator[tuple[int, bytes | str]]:
+    """Yield (line number, line) from the stream's position; stop at the size limits.
+
+    ``readline`` is asked for one byte more than a line may hold, so a line without an end
+    (a gzip bomb of one character, a 1 GB line) costs at most that much memory before
+    `ImportTooLarge` names the limit.
+    """
+    max_line = settings.IMPORT_MAX_LINE_BYTES
+    max_total = settings.IMPORT_MAX_BYTES
+    total = number = 0
+    while line := stream.readline(max_line + 1):
+        number += 1
+        total += len(line)
+        if total > max_total:
+            raise ImportTooLarge(
+                f"The file is larger than {size_text(max_total)} once decompressed; "
+                "nothing was imported. Split it into smaller files.",
+                setting="IMPORT_MAX_BYTES",
+                limit=max_total,
+            )
+        if len(line) > max_line and line[-1:] not in ("\n", b"\n"):
+            raise ImportTooLarge(
+                f"Line {number} is longer than {size_text(max_line)}; nothing was imported.",
+                setting="IMPORT_MAX_LINE_BYTES",
+                limit=max_line,
+            )
+        yield number, line
 
 
 @dataclass
@@ -244,17 +299,26 @@ def json_line(data: str | bytes) -> tuple[object | None, str | None]:
 
 
 def _parse_jsonl(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
-    for number, raw in enumerate(stream, start=1):
+    for number, raw in bounded_lines(stream):
         line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
         if not line.strip():
             continue
         yield number, *json_line(line)
 
 
+def _csv_text(stream: IO) -> Iterator[str]:
+    """Yield the stream's text lines (UTF-8, universal newlines), each bounded in size."""
+    for _, raw in bounded_lines(stream):
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        *lines, rest = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        yield from (line + "\n" for line in lines)
+        if rest:
+            yield rest
+
+
 def _parse_csv(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
     """CSV columns: id, prompt, candidate_1..candidate_K, model_1..model_K, gold (optional)."""
-    wrapper = io.TextIOWrapper(stream, encoding="utf-8") if _is_binary(stream) else None
-    reader = csv.DictReader(wrapper or stream)
+    reader = csv.DictReader(_csv_text(stream))
     number = 1
     try:
         for number, rec in enumerate(reader, start=2):
@@ -276,15 +340,6 @@ def _parse_csv(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
     except (UnicodeDecodeError, csv.Error) as exc:
         reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
         yield number + 1, None, f"cannot read the CSV: {reason}"
-    finally:
-        if wrapper is not None:
-            wrapper.detach()  # a collected wrapper would close the stream the next pass reads
-
-
-def _is_binary(stream) -> bool:
-    return isinstance(stream, io.BufferedIOBase | io.RawIOBase) or "b" in getattr(
-        stream, "mode", ""
-    )
 
 
 def _rows(stream: IO, fmt: str):
@@ -298,9 +353,12 @@ def items_import(
     stream: IO,
     fmt: str = "jsonl",
     round_: Round | None = None,
-    progress: Iterable | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ImportReport:
-    """Validate a whole file, then create its prompts, candidates and items atomically."""
+    """Validate a whole file, then create its prompts, candidates and items atomically.
+
+    ``progress(n)`` is called with the number of rows just handled, in both passes.
+    """
     errors: list[tuple[int, str]] = []
     total_bad = 0
     seen_ids: set[str] = set()
@@ -310,7 +368,9 @@ def items_import(
     seen_pairs: set[frozenset] = set()
     report = ImportReport()
     n_rows = 0
-    for number, row, parse_error in _rows(stream, fmt):
+    for seen, (number, row, parse_error) in enumerate(_rows(stream, fmt), start=1):
+        if progress and seen % 1000 == 0:
+            progress(1000)
         problems = [parse_error] if parse_error else validate_row(row, project=project)[1]
         if not problems:
             n_rows += 1
@@ -360,9 +420,13 @@ def items_import(
             batch.append(validate_row(row, project=project)[0])
             if len(batch) >= BATCH:
                 _write_batch(project, round_, batch, report)
+                if progress:
+                    progress(len(batch))
                 batch = []
         if batch:
             _write_batch(project, round_, batch, report)
+            if progress:
+                progress(len(batch))
     return report
 
 

@@ -27,8 +27,9 @@ the round, and each line's label a judgment on it: duplicates are counted, never
 silently. Each judgment's ``idempotency_key`` is ``import:<batch>:<line>``; importing a
 batch twice is refused.
 
-Two streaming passes: the first validates every line (and hashes the file for the default
-batch name), the second writes in batches inside one transaction.
+Two streaming passes, bounded like `annotation.importers.bounded_lines`: the first validates
+every line (and hashes the file for the default batch name), the second writes in batches
+inside one transaction.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from annotation.importers import (
     MAX_ERRORS_REPORTED,
     ImportFailed,
     _validate_messages,
+    bounded_lines,
     candidates_get_or_create,
     content_hash,
     json_line,
@@ -340,7 +342,7 @@ def _canonical(record: dict) -> tuple[list[dict], list[str], str | None, list[in
 def _lines(stream: IO) -> Iterator[tuple[int, object | None, str | None, bytes]]:
     """Yield (line number, parsed JSON or None, parse error, raw bytes) for non-blank lines."""
     stream.seek(0)
-    for number, raw in enumerate(stream, start=1):
+    for number, raw in bounded_lines(stream):
         data = raw if isinstance(raw, bytes) else raw.encode("utf-8")
         if not data.strip():
             continue

@@ -485,3 +485,60 @@ class DatasetVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project} dataset v{self.version}"
+
+
+class ImportJob(models.Model):
+    """A large upload imported by a Celery task: its options, progress and outcome."""
+
+    class Kind(models.TextChoices):
+        ITEMS = "items", "Items (prompts + candidates)"
+        PREFERENCES = "preferences", "Preference data"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="import_jobs")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    # Validated request options: format, round id, batch, serve, near_duplicates.
+    options = models.JSONField(default=dict, blank=True)
+    file_name = models.CharField(max_length=255, blank=True)
+    # The stored upload on the server; never shown to callers, removed once imported.
+    path = models.CharField(max_length=500, blank=True)
+    size_bytes = models.BigIntegerField(default=0)
+    phase = models.CharField(max_length=16, default="queued")
+    progress = models.FloatField(default=0.0)
+    report = models.JSONField(default=dict, blank=True)
+    # Every reported bad line, [{"line", "error"}], when the file was refused.
+    errors = models.JSONField(default=list, blank=True)
+    total_bad = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="import_jobs",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["project", "-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["queued", "running", "succeeded", "failed"]),
+                name="importjob_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(progress__gte=0) & Q(progress__lte=1), name="importjob_progress_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project} {self.kind} import {self.pk} ({self.status})"

@@ -28,6 +28,11 @@ urlpatterns = [
         name="api-import-preferences",
     ),
     path(
+        "projects/<int:project_id>/imports/<int:job_id>/",
+        apis_data.ImportJobDetailApi.as_view(),
+        name="api-import-job",
+    ),
+    path(
         "projects/<int:project_id>/datasets/",
         apis_data.DatasetListApi.as_view(),
         name="api-datasets",

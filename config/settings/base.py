@@ -130,6 +130,15 @@ PREFLOOP_MODEL_ROOTS = env.list("PREFLOOP_MODEL_ROOTS", default=[])
 # Extra environment variables the training subprocess inherits (it gets a minimal set).
 PREFLOOP_TRAINING_ENV_PASSTHROUGH = env.list("PREFLOOP_TRAINING_ENV_PASSTHROUGH", default=[])
 
+# Imports (annotation/importers.py): the largest upload taken, the largest file once
+# decompressed, and the longest line, in bytes; a file past a limit is refused whole with a
+# 413. Uploads larger than IMPORT_ASYNC_BYTES are imported by a Celery task instead of the
+# request (progress at /api/projects/{id}/imports/{job}/).
+IMPORT_MAX_UPLOAD_BYTES = env.int("PREFLOOP_IMPORT_MAX_UPLOAD_BYTES", default=1 * 2**30)
+IMPORT_MAX_BYTES = env.int("PREFLOOP_IMPORT_MAX_BYTES", default=2 * 2**30)
+IMPORT_MAX_LINE_BYTES = env.int("PREFLOOP_IMPORT_MAX_LINE_BYTES", default=16 * 2**20)
+IMPORT_ASYNC_BYTES = env.int("PREFLOOP_IMPORT_ASYNC_BYTES", default=8 * 2**20)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "annotation.auth.TokenAuthentication",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from annotation.importers import ImportFailed, items_import
+from annotation.importers import ImportFailed, ImportTooLarge, items_import
 from annotation.models import Project, Round
 
 
@@ -58,6 +58,8 @@ class Command(BaseCommand):
                 report = items_import(project=project, stream=stream, fmt=fmt, round_=round_)
             except ImportFailed as exc:
                 print_errors(self, exc)
+            except ImportTooLarge as exc:
+                raise CommandError(exc.message) from None
         for key, value in report.__dict__.items():
             self.stdout.write(f"{key}: {value}")
         self.stdout.write(self.style.SUCCESS(f"imported {report.items_created} item(s)"))

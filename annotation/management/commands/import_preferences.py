@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from annotation.importers import ImportFailed
+from annotation.importers import ImportFailed, ImportTooLarge
 from annotation.importers_pref import FORMATS, preferences_import
 from annotation.management.commands.import_items import open_input, print_errors, project_from_arg
 from annotation.models import Round
@@ -55,6 +55,9 @@ class Command(BaseCommand):
                     near_duplicates=options["near_duplicates"],
                     progress=bar.update,
                 )
+            except ImportTooLarge as exc:
+                bar.close()
+                raise CommandError(exc.message) from None
             except ImportFailed as exc:
                 bar.close()
                 print_errors(self, exc)
