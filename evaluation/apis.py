@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from annotation.models import Membership, Round
+from annotation.pagination import paginate
 from evaluation import selectors, services
 from evaluation.agreement_cache import project_agreement_cached
 from evaluation.models import AnnotatorAssessment
@@ -84,7 +85,8 @@ class AnnotatorQualityApi(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, project_id: int):
         project = services.project_for_manager(project_id=project_id, user=request.user)
-        return Response(selectors.annotator_quality_table(project=project))
+        rows = selectors.annotator_quality_table(project=project)
+        return paginate(request=request, view=self, rows=rows)
 
 
 class AssessmentOutput(serializers.ModelSerializer):

@@ -74,7 +74,17 @@ def _models(staff, project):
     return "/api/training/models/", ROWS
 
 
-@pytest.mark.parametrize("build", [_projects, _rounds, _datasets, _runs, _models])
+def _annotators(staff, project):
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model().objects.bulk_create(
+        get_user_model()(username=f"bulk-annotator-{i}") for i in range(ROWS)
+    )
+    Membership.objects.bulk_create(Membership(project=project, user=user) for user in users)
+    return f"/api/qc/projects/{project.pk}/annotators/", ROWS + 1
+
+
+@pytest.mark.parametrize("build", [_projects, _rounds, _datasets, _runs, _models, _annotators])
 def test_every_list_endpoint_answers_at_most_the_maximum_page_size(build):
     staff = make_user("list-staff", staff=True)
     project = make_project(name="a lister")
@@ -96,7 +106,8 @@ def test_every_list_endpoint_answers_at_most_the_maximum_page_size(build):
     # Without a limit the default page is smaller still; the pages together hold every row.
     assert len(_rows(client.get(url))) <= MAX_PAGE_SIZE
     rest = _rows(client.get(url, {"limit": MAX_PAGE_SIZE, "offset": MAX_PAGE_SIZE}))
-    ids = [row["id"] for row in rows] + [row["id"] for row in rest]
+    key = "id" if "id" in rows[0] else "user_id"
+    ids = [row[key] for row in rows] + [row[key] for row in rest]
     assert len(set(ids)) == total
 
 
