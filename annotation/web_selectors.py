@@ -1,5 +1,7 @@
 """Read-side queries for the annotator web pages (blind: no model, checkpoint, gold or kind)."""
 
+import re
+
 from django.conf import settings
 
 from annotation.models import Membership, TaskKind
@@ -25,12 +27,49 @@ def annotator_project_list(*, user) -> list[dict]:
                     else f"Rank {project.k} responses"
                 ),
                 "paused": membership.status != Membership.Status.ACTIVE,
-                "pause_reason": membership.status_reason,
+                "pause_reason": membership_pause_reason(membership=membership),
                 "options": project_options(project),
                 "progress": project_progress(project=project, user=user),
             }
         )
     return rows
+
+
+# How evaluation.services.annotator_pause words a QC pause: this prefix, then the failed
+# checks joined by "; ". Checks about the annotator's own pace or clicks are shown as stored;
+# the others would tell how many gold or repeated items they met, or how others labelled,
+# so they are named without figures. A check not listed here gets the general wording.
+QC_PAUSE_PREFIX = "Paused by quality control: "
+_QC_SHOWN_AS_STORED = (
+    re.compile(r"\d+% of \d+ judgments too fast \(limit \d+%\)"),
+    re.compile(r"left answer chosen \d+% of \d+ decisions \(binomial p = [\d.e+-]+\)"),
+)
+_QC_PLAIN_WORDS = (
+    ("gold accuracy", "too many answers differ from the expected answer on check items"),
+    ("self-agreement", "answers to items shown twice often differ from each other"),
+    ("skipped", "more items skipped than other annotators skip"),
+    ("agreed with consensus", "answers agree with other annotators less often than expected"),
+)
+_QC_GENERAL = "a quality check of your recent answers"
+
+
+def _qc_check_words(check: str) -> str:
+    if any(pattern.fullmatch(check) for pattern in _QC_SHOWN_AS_STORED):
+        return check
+    for prefix, words in _QC_PLAIN_WORDS:
+        if check.startswith(prefix):
+            return words
+    return _QC_GENERAL
+
+
+def membership_pause_reason(*, membership: Membership) -> str:
+    """Return why the annotator is paused, in words that reveal no hidden item or label."""
+    stored = membership.status_reason.strip()
+    if not stored.startswith(QC_PAUSE_PREFIX):
+        return stored  # written by a researcher for this person, or empty
+    checks = [part.strip() for part in stored[len(QC_PAUSE_PREFIX) :].split(";") if part.strip()]
+    words = dict.fromkeys(_qc_check_words(check) for check in checks)
+    return QC_PAUSE_PREFIX + "; ".join(words or [_QC_GENERAL])
 
 
 def _contact_link(contact: str) -> dict:
@@ -66,6 +105,6 @@ def membership_pause_notice(*, membership: Membership) -> dict:
         "paused": True,
         "title": "Your annotation in this project is paused",
         "message": "You cannot take new items here until a researcher resumes you.",
-        "reason": membership.status_reason,
+        "reason": membership_pause_reason(membership=membership),
         "contacts": contacts,
     }

@@ -139,6 +139,37 @@ def test_paused_annotator_sees_the_reason_and_whom_to_contact(make_page, live_se
     recorder.assert_clean()
 
 
+def test_pause_reason_names_no_gold_or_repeat_figures(make_page, live_server):
+    project = make_project(name="Paused by checks", overlap=1, gold_rate=0.2)
+    annotator = make_user("ann-paused-gold")
+    add_member(project, annotator)
+    make_items(project, 2)
+    annotator_pause(
+        project=project,
+        annotator_id=annotator.pk,
+        failed_checks=["gold", "stability", "speed"],
+        reasons=[
+            "gold accuracy 0.40 < 0.70 on 10 items (95% upper bound 0.62)",
+            "self-agreement 0.50 < 0.80 on 6 repeats",
+            FAST_REASON,
+        ],
+    )
+    recorder = make_page()
+    page = recorder.page
+    login(recorder, live_server, annotator.username)
+    page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
+    shown = [page.inner_text("#item-notice")]
+    page.goto(f"{live_server.url}/")
+    shown.append(page.inner_text(".project-list"))
+    for text in shown:
+        # Their own pace is shown as measured; gold and repeat checks only in plain words.
+        assert FAST_REASON in text
+        assert "check items" in text and "shown twice" in text
+        for secret in ("gold", "0.40", "10 items", "repeats", "0.62"):
+            assert secret not in text.lower()
+    recorder.assert_clean()
+
+
 def test_guidelines_toggle_with_g(make_page, live_server):
     project = make_project(name="Guidelines", rubric="Prefer **facts**.", ask_rationale=True)
     annotator = make_user("ann-guide")
