@@ -2,14 +2,16 @@
 is measured on the server; equally-filled items are served in a per-annotator order."""
 
 import random
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from annotation import services
-from annotation.models import Assignment, Judgment, Membership, Project
+from annotation.models import Assignment, Item, Judgment, Membership, Project
 from tests.factories import add_member, make_items, make_project, make_user
 
 pytestmark = pytest.mark.django_db
@@ -93,9 +95,10 @@ def test_progress_moves_the_same_way_for_gold_repeat_and_primary_items():
     assert dict(only)["my_judgments"] == 1
 
 
+@pytest.mark.django_db(transaction=True)
 def test_people_at_work_together_are_served_equally_filled_items_in_different_orders():
     project = make_project(overlap=3)
-    items = make_items(project, 40)
+    items = make_items(project, services.SHUFFLE_WINDOW + 6)
     alice, bob = make_user(), make_user()
     add_member(project, alice)
     add_member(project, bob)
@@ -114,6 +117,35 @@ def test_people_at_work_together_are_served_equally_filled_items_in_different_or
     a = services.assignment_next(project_id=project.pk, user=alice)
     Assignment.objects.filter(pk=a.pk).update(lease_expires=timezone.now() - timedelta(seconds=1))
     assert services.assignment_next(project_id=project.pk, user=alice).item_id == a.item_id
+    # Items held by claims in flight are passed over, even every one of those first in line:
+    # then next still serves an item rather than say "done".
+    carol = make_user()
+    add_member(project, carol)
+    first_in_line = list(
+        Item.objects.filter(project=project, n_taken__lt=3)
+        .order_by("n_taken", "id")
+        .values_list("id", flat=True)[: services.SHUFFLE_WINDOW]
+    )
+    held, release = threading.Event(), threading.Event()
+
+    def hold_rows():
+        try:
+            with transaction.atomic():
+                list(Item.objects.select_for_update().filter(pk__in=first_in_line))
+                held.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_rows)
+    holder.start()
+    assert held.wait(30)
+    try:
+        served = services.assignment_next(project_id=project.pk, user=carol)
+    finally:
+        release.set()
+        holder.join()
+    assert served is not None and served.item_id not in first_in_line
 
 
 def test_next_answers_429_after_too_many_skips_in_a_row_until_a_researcher_resumes():
