@@ -162,12 +162,12 @@ def _progress_totals(project: Project) -> dict:
 
 
 def _progress_coarse(totals: dict) -> dict:
-    """Round the totals down to whole percent of what is needed."""
+    """Return the totals in whole percent (rounded down); the counts follow those shares."""
     fraction = math.floor(totals["fraction_complete"] * 100) / 100
     share_complete = totals["items_complete"] / totals["items"] if totals["items"] else 0.0
     return {
         **totals,
-        "items_complete": math.floor(math.floor(share_complete * 100) / 100 * totals["items"]),
-        "judgments_done": math.floor(fraction * totals["judgments_needed"]),
+        "items_complete": round(math.floor(share_complete * 100) / 100 * totals["items"]),
+        "judgments_done": round(fraction * totals["judgments_needed"]),
         "fraction_complete": fraction,
     }

@@ -127,7 +127,7 @@ def test_progress_counts(setup):
     assert p["items"] == 3 and p["judgments_needed"] == 6
     # Annotators see their own count and the project's in whole percent (1 of 6 -> 16%).
     assert p["my_judgments"] == 1 and p["fraction_complete"] == 0.16
-    assert p["judgments_done"] == 0
+    assert p["judgments_done"] == 1
     # Researchers see the live totals.
     p = _client(researcher).get(f"/api/projects/{project.pk}/progress/").json()
     assert p["judgments_done"] == 1 and p["my_judgments"] == 0
