@@ -15,17 +15,20 @@ A new endpoint that takes an id gets a row here (and its URL a rule in url_acces
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.apps import apps
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import transaction
 from django.test import Client
+from django.urls import resolve
 
 from annotation import services
-from annotation.models import DatasetVersion, Item, Membership, Round
+from annotation.models import DatasetVersion, ImportJob, Item, Membership, Round
 from evaluation.models import AnnotatorAssessment
 from tests.factories import add_member, make_items, make_project, make_user
 from training.models import ModelVersion, TrainingRun
@@ -64,6 +67,7 @@ class World:
     b_item: object = None
     b_lease: object = None
     b_annotator: object = None
+    b_import_job: object = None
 
 
 @pytest.fixture
@@ -103,6 +107,9 @@ def world(db, tmp_path, settings) -> World:
     w.b_lease = services.assignment_next(project_id=w.b.pk, user=w.b_annotator)
     AnnotatorAssessment.objects.create(
         project=w.b, annotator=w.b_annotator, verdict="pass", reasons=[B_SECRETS[4]]
+    )
+    w.b_import_job = ImportJob.objects.create(
+        project=w.b, kind=ImportJob.Kind.ITEMS, file_name=f"{B_SECRETS[3]}.jsonl"
     )
 
     # Datasets, a run and the model it made: A's are the ones A may use.
@@ -331,6 +338,11 @@ CASES = [
         lambda w: f"/api/projects/{w.a.pk}/datasets/{B_VERSION}/files/manifest.json",
     ),
     Case(
+        "B's import job",
+        "GET",
+        lambda w: f"/api/projects/{w.a.pk}/imports/{w.b_import_job.pk}/",
+    ),
+    Case(
         "B's annotator's assessments",
         "GET",
         lambda w: f"/api/qc/projects/{w.a.pk}/annotators/{w.b_annotator.pk}/assessments/",
@@ -488,3 +500,66 @@ def test_the_same_request_naming_own_objects_goes_through(world, case):
         response = _send(client, case, world)
         transaction.set_rollback(True)
     assert 200 <= response.status_code < 300, _text(response)[:500]
+
+
+# --- the table covers every id an endpoint takes -------------------------------------------
+# Inputs that name something yet need no row, and why.
+NOT_OBJECT_IDS = {
+    # Logging in names one's own account.
+    ("POST", "api-token", "username"),
+    # Researchers add any account to their own project by name; nothing of B changes.
+    ("POST", "api-members", "username"),
+}
+ID_NAME = re.compile(r"(^|_)id$|^(round|rounds|number|version|project|run|rm|username)$")
+
+
+def _url_name(path: str) -> str:
+    return resolve(urlsplit(path).path).view_name
+
+
+def _schema_inputs() -> list[tuple[str, str, str]]:
+    """Return (method, URL name, input name) of every id-like body field and query parameter."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    document = SchemaGenerator().get_schema(request=None, public=True)
+    components = document["components"]["schemas"]
+    found = []
+    for template, operations in document["paths"].items():
+        name = _url_name(re.sub(r"\{[^}]+\}", "1", template))
+        for method, operation in operations.items():
+            inputs = [p["name"] for p in operation.get("parameters", []) if p["in"] == "query"]
+            for content in operation.get("requestBody", {}).get("content", {}).values():
+                schema = content.get("schema", {})
+                if "$ref" in schema:
+                    schema = components[schema["$ref"].rsplit("/", 1)[1]]
+                inputs += list(schema.get("properties", {}))
+            found += [(method.upper(), name, i) for i in inputs if ID_NAME.search(i)]
+    return found
+
+
+def test_every_id_an_endpoint_takes_has_a_row(world):
+    from tests.deploy.test_permissions import routes
+
+    covered_urls = {_url_name(c.path(world)) for c in CASES}
+    object_kwargs = {"assignment_id", "number", "version", "item_id", "user_id", "run_id"}
+    object_kwargs |= {"version_id", "job_id"}
+    missing = [
+        r.name
+        for r in routes()
+        if r.named and not r.name.startswith("admin:") and set(r.kwargs) & object_kwargs
+    ]
+    missing = sorted(set(missing) - covered_urls)
+    assert not missing, f"add a row to CASES naming B's object in: {missing}"
+
+    named = set()
+    for c in CASES:
+        url = _url_name(c.path(w := world))
+        body = c.body(w) if c.body else {}
+        config = body.get("config") if isinstance(body, dict) else None
+        keys = [*body, *(config or {}), *(body.get("policy") or {})] if body else []
+        keys += list(parse_qs(urlsplit(c.path(w)).query))
+        named |= {(c.method, url, key) for key in keys}
+    uncovered = sorted(
+        entry for entry in _schema_inputs() if entry not in NOT_OBJECT_IDS and entry not in named
+    )
+    assert not uncovered, f"add a row to CASES naming B's object by: {uncovered}"
