@@ -37,7 +37,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 
 from annotation import services
-from annotation.models import DatasetVersion, Membership, Round
+from annotation.models import DatasetVersion, ImportJob, Membership, Round
 from tests.deploy.url_access import GIVEAWAYS, rule_for
 from tests.factories import add_member, make_items, make_project, make_user
 from training.models import ModelVersion, TrainingRun
@@ -121,8 +121,10 @@ def world(db, tmp_path, settings):
     model = ModelVersion.objects.create(
         name=SECRET_MODEL, artifact_path=str(tmp_path / "model"), training_run=run
     )
+    job = ImportJob.objects.create(project=project, kind=ImportJob.Kind.ITEMS)
     p_ids = {
         "project_id": [project.pk],
+        "job_id": [job.pk],
         "item_id": [i.pk for i in items],
         "user_id": [annotator.pk, colleague.pk],
         "version": [dataset.version],
@@ -167,6 +169,7 @@ def world(db, tmp_path, settings):
             "number": [round_.number],
             "run_id": [run.pk],
             "version_id": [model.pk],
+            "job_id": [job.pk],
         },
     }
 
