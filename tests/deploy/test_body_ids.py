@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -183,10 +184,10 @@ def _run_body(**ids) -> Callable[[World], dict]:
     return lambda w: {"recipe": "reward", "config": {}, **{k: f(w) for k, f in ids.items()}}
 
 
-A = lambda w: w.a.pk  # noqa: E731
-B = lambda w: w.b.pk  # noqa: E731
-A_DATASET = lambda w: w.a_dataset.pk  # noqa: E731
-B_DATASET = lambda w: w.b_dataset.pk  # noqa: E731
+A = attrgetter("a.pk")
+B = attrgetter("b.pk")
+A_DATASET = attrgetter("a_dataset.pk")
+B_DATASET = attrgetter("b_dataset.pk")
 
 CASES = [
     # --- ids in the body ---
@@ -238,7 +239,9 @@ CASES = [
         "train from B's model",
         "POST",
         lambda w: "/api/training/runs/",
-        _run_body(project_id=A, dataset_version_id=A_DATASET, base_model_id=lambda w: w.b_model.pk),
+        _run_body(
+            project_id=A, dataset_version_id=A_DATASET, base_model_id=attrgetter("b_model.pk")
+        ),
         field="base_model_id",
     ),
     *[
@@ -483,7 +486,9 @@ CONTROLS = [
         "train A's project on A's dataset",
         "POST",
         lambda w: "/api/training/runs/",
-        _run_body(project_id=A, dataset_version_id=A_DATASET, base_model_id=lambda w: w.a_model.pk),
+        _run_body(
+            project_id=A, dataset_version_id=A_DATASET, base_model_id=attrgetter("a_model.pk")
+        ),
     ),
     Case(
         "agreement of A's round", "GET", lambda w: f"/api/qc/projects/{w.a.pk}/agreement/?round=1"
