@@ -24,7 +24,7 @@ Policies (all recorded in the manifest and on the DatasetVersion):
 
 * ``aggregation``: ``per_judgment`` (one row per label), ``majority``, ``trust_weighted``
   (annotator weight = Laplace-smoothed gold accuracy (correct + 1) / (answered + 2); no gold
-  answered = 0.5) or ``dawid_skene`` (``evaluation.aggregation``; needs one pass to collect
+  answered = 0.5) or ``dawid_skene`` (``evaluation.stats.aggregation``; needs one pass to collect
   every vote, so it keeps one small tuple per judgment in memory).
 * ``ties``: ``drop``, ``soft`` (a row with soft_label = P(A preferred), 0.5 for one tie vote,
   margin 0) or ``keep`` (the same row flagged ``"tie": true``). An even split between A and B
@@ -91,7 +91,7 @@ from annotation.models import (
     Prompt,
 )
 from annotation.services import ServiceError
-from evaluation import aggregation
+from evaluation.stats import aggregation
 from training.trainers.data import MANIFEST, SPLITS, data_hash
 
 FORMATS = ("trl", "hh", "unpaired", "raw")

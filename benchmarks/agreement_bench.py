@@ -1,4 +1,4 @@
-"""Time evaluation.agreement on 100,000 items x 5 raters against the krippendorff package.
+"""Time evaluation.stats.agreement on 100,000 items x 5 raters against the krippendorff package.
 
 Labels are the pairwise outcomes A / B / tie / both_bad with about 10% of ratings missing.
 Prints seconds (best of ``--repeats``) for our Krippendorff's alpha on string labels and on
@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation.agreement import fleiss_kappa, krippendorff_alpha, rating_counts
+from evaluation.stats.agreement import fleiss_kappa, krippendorff_alpha, rating_counts
 
 LABELS = np.array(["A", "B", "tie", "both_bad"], dtype=object)
 

@@ -262,7 +262,7 @@ def evaluate(args, sft_dir: Path, policies: dict[str, Path], rm_dir: Path | None
     """Score SFT and each PPO policy on held-out and training questions."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evaluation.winrate import win_rate
+    from evaluation.stats.winrate import win_rate
     from training import demo
     from training.trainers import ppo
 

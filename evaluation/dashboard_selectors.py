@@ -48,8 +48,9 @@ from annotation.models import (
     Round,
     TaskKind,
 )
-from evaluation import curves, leaderboard, quality, winrate
+from evaluation import leaderboard
 from evaluation.agreement_cache import project_agreement_cached
+from evaluation.stats import curves, quality, winrate
 from training.models import ModelVersion, TrainingRun
 
 # Size caps: pages stay fast on big projects; each cap is named on the page when it bites.

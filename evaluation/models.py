@@ -1,7 +1,7 @@
 """Quality control rows: per-project thresholds, stored annotator assessments, agreement reports.
 
-The figures themselves come from the pure libraries (`evaluation.agreement`,
-`evaluation.quality`); these models keep the policy that judges them and what each check
+The figures themselves come from the pure libraries (`evaluation.stats.agreement`,
+`evaluation.stats.quality`); these models keep the policy that judges them and what each check
 found, so the dashboard reads stored results instead of recomputing them per page view.
 """
 

@@ -1,8 +1,9 @@
 """Read-side QC queries: agreement, annotator quality, label distribution, disagreement queue.
 
-The statistics come from the pure libraries (`evaluation.agreement`, `evaluation.quality`);
-these functions load judgments in a few queries and shape them into plain dicts for the API
-and the researcher dashboard. Every result is JSON-ready (NaN becomes None).
+The statistics come from the pure libraries (`evaluation.stats.agreement`,
+`evaluation.stats.quality`); these functions load judgments in a few queries and shape them
+into plain dicts for the API and the researcher dashboard. Every result is JSON-ready (NaN
+becomes None).
 
 Scope of the labels: agreement and label counts use primary labels, i.e. repeats (the same
 annotator twice) and gold items are left out unless asked for, and labels flagged by QC are
@@ -39,7 +40,8 @@ from annotation.models import (
     TaskKind,
 )
 from annotation.services import SOURCE_GROUPS
-from evaluation.agreement import (
+from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
+from evaluation.stats.agreement import (
     BootstrapCI,
     bootstrap_ci,
     cohen_kappa,
@@ -48,8 +50,7 @@ from evaluation.agreement import (
     krippendorff_alpha,
     percent_agreement,
 )
-from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
-from evaluation.quality import (
+from evaluation.stats.quality import (
     ConsensusOutlier,
     GoldAccuracy,
     PositionBias,
@@ -276,7 +277,7 @@ def _kappa_ci(
     shares = rng.multinomial(n, table / n, size=n_boot).reshape(n_boot, n_values, n_values) / n
     observed = np.trace(shares, axis1=1, axis2=2)
     expected = (shares.sum(axis=2) * shares.sum(axis=1)).sum(axis=1)
-    # kappa = (p_o - p_e) / (1 - p_e)  (Cohen 1960), as evaluation.agreement.cohen_kappa
+    # kappa = (p_o - p_e) / (1 - p_e)  (Cohen 1960), as evaluation.stats.agreement.cohen_kappa
     with np.errstate(divide="ignore", invalid="ignore"):
         kappas = np.where(expected < 1, (observed - expected) / (1 - expected), np.nan)
     kappas = kappas[~np.isnan(kappas)]

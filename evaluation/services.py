@@ -37,7 +37,7 @@ from annotation.selectors import user_can_manage, user_can_review
 from annotation.services import Forbidden, NotFound, ServiceError
 from evaluation import selectors
 from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
-from evaluation.quality import PAUSE, assess_annotator
+from evaluation.stats.quality import PAUSE, assess_annotator
 
 logger = logging.getLogger(__name__)
 

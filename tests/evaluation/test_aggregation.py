@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evaluation.aggregation import (
+from evaluation.stats.aggregation import (
     dawid_skene,
     label_accuracy,
     majority_vote,

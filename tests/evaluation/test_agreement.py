@@ -9,7 +9,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evaluation.agreement import (
+from evaluation.stats.agreement import (
     bootstrap_ci,
     cohen_kappa,
     coincidence_matrix,

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from annotation.models import Judgment, LabelSource, Membership, TaskKind
 from evaluation import selectors
-from evaluation.agreement import (
+from evaluation.stats.agreement import (
     cohen_kappa,
     fleiss_kappa,
     krippendorff_alpha,

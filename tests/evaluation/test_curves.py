@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from evaluation.curves import CurveThresholds, curve_series, smooth, training_alarms
+from evaluation.stats.curves import CurveThresholds, curve_series, smooth, training_alarms
 
 
 def run(n=100, every=10, **overrides):

@@ -30,8 +30,8 @@ from annotation.models import (
 )
 from annotation.simulation import PRESETS, run_pool
 from evaluation import selectors, services, tasks
-from evaluation.aggregation import label_accuracy, majority_vote, weighted_vote
 from evaluation.models import AnnotatorAssessment
+from evaluation.stats.aggregation import label_accuracy, majority_vote, weighted_vote
 from training import demo
 
 pytestmark = pytest.mark.django_db(transaction=True)

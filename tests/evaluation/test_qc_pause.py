@@ -381,7 +381,7 @@ def test_gold_is_judged_on_its_wilson_upper_bound_unless_the_policy_asks_for_the
 
 
 def test_the_library_confidence_rule_spares_short_streaks_but_not_clear_failures():
-    from evaluation.quality import QualityThresholds, Stability, assess_annotator
+    from evaluation.stats.quality import QualityThresholds, Stability, assess_annotator
 
     point, confident = QualityThresholds(), QualityThresholds(confidence=0.95)
     streak, failure = Stability(5, 0.4, None), Stability(8, 0.125, None)

@@ -8,7 +8,7 @@ from annotation import services as annotation_services
 from annotation.models import LabelSource, Membership
 from evaluation import services
 from evaluation.models import QualityPolicy
-from evaluation.quality import QualityThresholds, assess_annotator, skip_rate
+from evaluation.stats.quality import QualityThresholds, assess_annotator, skip_rate
 from tests.factories import add_member, make_items, make_project, make_user
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from evaluation.quality import (
+from evaluation.stats.quality import (
     PASS,
     PAUSE,
     ConsensusOutlier,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from evaluation.rm_metrics import (
+from evaluation.stats.rm_metrics import (
     bt_nll,
     evaluate_reward_model,
     expected_calibration_error,

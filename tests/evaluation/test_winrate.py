@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from evaluation.winrate import (
+from evaluation.stats.winrate import (
     CONVENTION,
     length_controlled_win_rate,
     vs_baseline,

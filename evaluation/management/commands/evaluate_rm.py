@@ -10,7 +10,7 @@ training (same eos, truncation and chat template). TRL rows are scored in their 
 an HH dialogue is scored through the tokenizer's chat template when the model has one of its
 own (tiny GPT-2 RMs) and as the original plain dialogue otherwise (BERT-style encoders).
 
-Metrics (seed spec §5.4 / §9.1; ``evaluation.rm_metrics``): pairwise accuracy with a
+Metrics (seed spec §5.4 / §9.1; ``evaluation.stats.rm_metrics``): pairwise accuracy with a
 bootstrap CI, Bradley-Terry NLL, ROC-AUC with the A/B order randomised (a chosen-first file
 has only positive labels), ECE with its reliability bins, a temperature fitted on one half of
 the prompts and judged on the other, the margin histogram, the reward's correlation with
@@ -35,7 +35,7 @@ import numpy as np
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from evaluation import rm_metrics
+from evaluation.stats import rm_metrics
 
 FORMATS = ("hh", "trl")
 RENDERS = ("auto", "chat", "plain")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from evaluation.agreement import cohen_kappa
+from evaluation.stats.agreement import cohen_kappa
 
 PASS, PAUSE = "pass", "pause"
 
