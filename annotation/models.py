@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from annotation.querysets import JudgmentQuerySet
+
 
 class TaskKind(models.TextChoices):
     PAIRWISE = "pairwise", "Pairwise (A/B)"
@@ -379,6 +381,8 @@ class Judgment(models.Model):
     # QC marks: labels are flagged, never deleted.
     qc_flag = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = JudgmentQuerySet.as_manager()
 
     class Meta:
         constraints = [
