@@ -155,6 +155,16 @@ class SubmitOutput(serializers.Serializer):
     replayed = serializers.BooleanField()
 
 
+class NextError(serializers.Serializer):
+    detail = serializers.CharField()
+    code = serializers.CharField()
+
+
+class SubmitNextOutput(SubmitOutput):
+    next = AssignmentOutput(allow_null=True)
+    next_error = NextError(required=False)
+
+
 class AssignmentStatusOutput(serializers.Serializer):
     assignment_id = serializers.IntegerField()
     status = serializers.CharField()
@@ -394,17 +404,38 @@ class SubmitApi(APIView):
         time_spent_ms = serializers.IntegerField(
             required=False, allow_null=True, default=None, min_value=0, max_value=86_400_000
         )
+        # true: the answer carries the next assignment too (one round trip per judgment).
+        next = serializers.BooleanField(required=False, default=False)
 
-    @extend_schema(request=InputSerializer, responses={200: SubmitOutput, 201: SubmitOutput})
+    @extend_schema(
+        request=InputSerializer,
+        responses={200: SubmitNextOutput, 201: SubmitNextOutput},
+        description='With `"next": true` the answer carries `next`: the assignment `next` '
+        "would serve now, or null when nothing is left (then `next_error` says why when the "
+        "annotator is paused or out of skips). A replay returns the same next assignment "
+        "while its lease is live.",
+    )
     def post(self, request, assignment_id: int):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        fields = dict(serializer.validated_data)
+        serve_next = fields.pop("next")
         result = services.judgment_submit(
-            assignment_id=assignment_id, user=request.user, **serializer.validated_data
+            assignment_id=assignment_id, user=request.user, serve_next=serve_next, **fields
         )
+        body = {"judgment_id": result.judgment.pk, "replayed": result.replayed}
+        if serve_next:
+            following = result.next_assignment
+            body["next"] = (
+                None if following is None else selectors.assignment_payload(assignment=following)
+            )
+            if result.next_error is not None:
+                body["next_error"] = {
+                    "detail": result.next_error.message,
+                    "code": result.next_error.code,
+                }
         return Response(
-            {"judgment_id": result.judgment.pk, "replayed": result.replayed},
-            status=status.HTTP_200_OK if result.replayed else status.HTTP_201_CREATED,
+            body, status=status.HTTP_200_OK if result.replayed else status.HTTP_201_CREATED
         )
 
 

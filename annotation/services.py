@@ -93,6 +93,10 @@ class SkipBudgetSpent(Forbidden):
 class SubmitResult:
     judgment: Judgment
     replayed: bool
+    # Filled only when the submit was asked for the next item too (`serve_next`).
+    next_assignment: Assignment | None = None
+    # Why no next item was served although one was asked for (paused, skip budget spent).
+    next_error: "ServiceError | None" = None
 
 
 def _membership_for_update(*, project_id: int, user) -> Membership:
@@ -346,8 +350,15 @@ def assignment_next(
     *, project_id: int, user, rng: random.Random | None = None
 ) -> Assignment | None:
     """Return the annotator's live assignment, or claim the next item for them; None when done."""
-    rng = rng or random.Random()
     membership = _membership_for_update(project_id=project_id, user=user)
+    return _serve_next(membership=membership, user=user, rng=rng or random.Random())
+
+
+def _serve_next(
+    *, membership: Membership, user, rng: random.Random, live_possible: bool = True
+) -> Assignment | None:
+    """Serve the annotator of a locked membership their live lease or a new claim."""
+    # `live_possible=False` saves the lease lookup when the caller knows there is none.
     project = membership.project
     if project.archived:
         raise NotFound("No such project.")
@@ -356,7 +367,7 @@ def assignment_next(
     now = timezone.now()
     lease_until = now + timedelta(seconds=project.lease_seconds)
 
-    live = _live_assignment(project_id=project.pk, user=user)
+    live = _live_assignment(project_id=project.pk, user=user) if live_possible else None
     if live is not None:
         if live.lease_expires >= now:
             live.lease_expires = lease_until
@@ -513,6 +524,8 @@ def judgment_submit(
     rationale: str = "",
     time_spent_ms: int | None = None,
     source: str | None = None,
+    serve_next: bool = False,
+    rng: random.Random | None = None,
 ) -> SubmitResult:
     """Record a judgment for a live assignment; a retry with the same key returns the first."""
     if source is None:
@@ -520,6 +533,8 @@ def judgment_submit(
     try:
         with transaction.atomic():
             return _judgment_submit_locked(
+                serve_next=serve_next,
+                rng=rng or random.Random(),
                 assignment_id=assignment_id,
                 user=user,
                 idempotency_key=idempotency_key,
@@ -536,7 +551,7 @@ def judgment_submit(
         if idempotency_key:
             previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
             if previous is not None:
-                return SubmitResult(previous, replayed=True)
+                return _replayed(previous, user=user, serve_next=serve_next, rng=rng)
         raise Conflict("This assignment was already submitted.", code="already_submitted") from None
     except IntegrityError:
         # A concurrent retry with the same key won the race, or the key was used for
@@ -544,8 +559,23 @@ def judgment_submit(
         if idempotency_key:
             previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
             if previous is not None:
-                return SubmitResult(previous, replayed=True)
+                return _replayed(previous, user=user, serve_next=serve_next, rng=rng)
         raise
+
+
+def _replayed(judgment: Judgment, *, user, serve_next: bool, rng) -> SubmitResult:
+    """Answer a replayed submit; the next item is what `next` serves now.
+
+    The first answer's next item is the annotator's one live lease while it lasts, and
+    `next` returns that live lease, so a replay sees the same item until its lease ends.
+    """
+    if not serve_next:
+        return SubmitResult(judgment, replayed=True)
+    try:
+        following = assignment_next(project_id=judgment.project_id, user=user, rng=rng)
+    except ServiceError as error:
+        return SubmitResult(judgment, replayed=True, next_error=error)
+    return SubmitResult(judgment, replayed=True, next_assignment=following)
 
 
 class _AlreadySubmitted(Exception):
@@ -571,6 +601,8 @@ def _judgment_submit_locked(
     rationale,
     time_spent_ms,
     source,
+    serve_next,
+    rng,
 ) -> SubmitResult:
     assignment, last_finished = _assignment_for_submit(assignment_id=assignment_id, user=user)
     project = assignment.project
@@ -636,9 +668,7 @@ def _judgment_submit_locked(
     )
     if assignment.kind != Assignment.Kind.REPEAT:
         Item.objects.filter(pk=assignment.item_id).update(n_done=F("n_done") + 1)
-    Membership.objects.filter(project=project, user=user).update(
-        judgment_count=F("judgment_count") + 1, skips_in_row=0, last_finished_at=now
-    )
+    membership = _membership_count_judgment(project=project, user=user, now=now)
     # Quality control runs in a Celery task every N judgments; the submit only counts.
     # `seq` is the annotator's count when this item was served, so this is their count now
     # give or take judgments submitted meanwhile: close enough to space the checks.
@@ -648,7 +678,41 @@ def _judgment_submit_locked(
         lambda: _qc_after_submit(project_id=project_id, annotator_id=user_id, count=count),
         robust=True,
     )
-    return SubmitResult(judgment, replayed=False)
+    if not serve_next or membership is None:
+        return SubmitResult(judgment, replayed=False)
+    # The same transaction serves the next item: the membership row is locked by the update
+    # above, as `next` locks it, and the lease just submitted was the annotator's only one
+    # in this project (a database constraint), so there is no live lease to look up.
+    try:
+        following = _serve_next(membership=membership, user=user, rng=rng, live_possible=False)
+    except ServiceError as error:
+        # Paused, or the skip budget is spent: the judgment stands, no item comes with it.
+        return SubmitResult(judgment, replayed=False, next_error=error)
+    return SubmitResult(judgment, replayed=False, next_assignment=following)
+
+
+def _membership_count_judgment(*, project: Project, user, now) -> Membership | None:
+    """Count a judgment on the annotator's membership; return the (now locked) row."""
+    found = sql.fetch_one(
+        _membership_count_sql(connection.vendor),
+        [connection.ops.adapt_datetimefield_value(now), project.pk, user.pk],
+        Membership,
+    )
+    if found is None:
+        return None
+    membership = found[0]
+    membership.project = project
+    return membership
+
+
+@functools.cache
+def _membership_count_sql(vendor: str) -> str:
+    # UPDATE ... RETURNING: PostgreSQL, and SQLite from 3.35.
+    return (
+        f'UPDATE "{Membership._meta.db_table}" SET "judgment_count" = "judgment_count" + 1, '
+        f'"skips_in_row" = 0, "last_finished_at" = %s '
+        f'WHERE "project_id" = %s AND "user_id" = %s RETURNING {sql.columns(Membership)}'
+    )
 
 
 def _qc_after_submit(*, project_id: int, annotator_id: int, count: int) -> None:

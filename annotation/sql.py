@@ -19,9 +19,10 @@ def _fields(model) -> tuple:
     return tuple(model._meta.concrete_fields)
 
 
-def columns(model, alias: str) -> str:
+def columns(model, alias: str = "") -> str:
     """The model's columns, in field order, for a SELECT list: `a."id", a."item_id", ...`."""
-    return ", ".join(f'{alias}."{field.column}"' for field in _fields(model))
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f'{prefix}"{field.column}"' for field in _fields(model))
 
 
 def lock(vendor: str, of: str = "", *, skip_locked: bool = False) -> str:
