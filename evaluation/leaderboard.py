@@ -2,6 +2,8 @@
 
 A battle is ``(model_a, model_b, outcome)`` with outcome ``"A"``, ``"B"``, ``"tie"`` or
 ``"both_bad"`` (Arena's ``"model_a"``, ``"model_b"``, ``"tie (bothbad)"`` are accepted too).
+Battles come as tuples, as columns, or as rows already grouped by (model_a, model_b, outcome)
+with a count each, so a database can aggregate them and Python never sees one row per battle.
 Ratings use Arena's scale: ``rating = initial + scale * log_base(strength)``, i.e. a 400-point
 gap means 10:1 odds, and the mean rating is 1000 unless an anchor model is pinned.
 
@@ -12,7 +14,6 @@ battles with replacement; all replicates are fitted at once. Pure numpy/scipy, n
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -95,15 +96,36 @@ class Leaderboard:
         return {model: float(r) for model, r in zip(self.models, self.ratings, strict=True)}
 
 
+class _FirstSeenIndex(dict):
+    """Map each new key to the next integer on first lookup, so one pass both finds and codes."""
+
+    def __missing__(self, key):
+        code = self[key] = len(self)
+        return code
+
+
 def _factorize(*columns: Sequence) -> tuple[list[np.ndarray], list]:
     """Return integer codes per column over the distinct values of all, in first-seen order."""
-    names = list(dict.fromkeys(itertools.chain(*columns)))
-    index = {name: k for k, name in enumerate(names)}
+    # One C-level dict lookup per value (map over a bound __getitem__); pandas.factorize and
+    # np.unique cost as much or more on Python strings, which hash once and cache the hash.
+    index = _FirstSeenIndex()
     codes = [
         np.fromiter(map(index.__getitem__, column), dtype=np.int64, count=len(column))
         for column in columns
     ]
-    return codes, names
+    return codes, list(index)
+
+
+def _battle_counts(count: Sequence | None, n: int) -> np.ndarray | None:
+    """Return battles per row as floats, or None when every row is one battle."""
+    if count is None:
+        return None
+    weights = np.asarray(count, dtype=float)
+    if weights.shape != (n,):
+        raise ValueError("count must have one entry per row")
+    if not np.all(np.isfinite(weights) & (weights >= 0) & (weights == np.round(weights))):
+        raise ValueError("count must hold non-negative whole numbers of battles")
+    return weights
 
 
 def pair_counts(
@@ -112,9 +134,14 @@ def pair_counts(
     model_a: Sequence | None = None,
     model_b: Sequence | None = None,
     outcome: Sequence | None = None,
+    count: Sequence | None = None,
     models: Sequence[Hashable] | None = None,
 ) -> PairCounts:
-    """Aggregate battles, given as tuples or as three columns, into per-pair outcome counts."""
+    """Aggregate battles, given as tuples or as columns, into per-pair outcome counts.
+
+    With ``count``, row k stands for ``count[k]`` identical battles, so rows already grouped by
+    (model_a, model_b, outcome), e.g. by SQL ``GROUP BY``, give the same counts as the battles.
+    """
     if battles is not None:
         rows = list(battles)
         model_a = [r[0] for r in rows]
@@ -124,16 +151,18 @@ def pair_counts(
         raise ValueError("pass battles or the three columns model_a, model_b, outcome")
     if not len(model_a) == len(model_b) == len(outcome):
         raise ValueError("model_a, model_b and outcome must have equal lengths")
+    weights = _battle_counts(count, len(model_a))
     (a, b), names = _factorize(model_a, model_b)
+    n_seen = len(names)
     if models is not None:
         order = {m: k for k, m in enumerate(models)}
         missing = set(names) - set(order)
         if missing:
             raise ValueError(f"battles name models not in models: {sorted(map(str, missing))}")
         remap = np.asarray([order[n] for n in names], dtype=np.int64)
-        a, b = remap[a], remap[b]
         names = list(models)
-    n = len(model_a)
+    else:
+        remap = np.arange(n_seen)
     if np.any(a == b):
         raise ValueError("a model cannot battle itself")
     (outcome_codes,), outcome_names = _factorize(outcome)
@@ -141,25 +170,31 @@ def pair_counts(
         outcome_map = np.asarray([OUTCOME_CODES[o] for o in outcome_names], dtype=np.int64)
     except KeyError as error:
         raise ValueError(f"unknown outcome {error.args[0]!r}") from None
-    result = outcome_map[outcome_codes] if n else np.zeros(0, dtype=np.int64)
-    # Orient every battle as (low index, high index); swap A/B wins when the order flips.
-    flipped = a > b
-    low, high = np.where(flipped, b, a), np.where(flipped, a, b)
-    swap = np.array([1, 0, 2, 3])
-    result = np.where(flipped, swap[result], result)
+    # Count on the small (model, model, outcome name) grid, then fold it: a per-battle array
+    # operation costs as much as the whole fit at a million battles.
+    n_names = len(outcome_names)
+    cells = np.bincount(
+        (a * n_seen + b) * n_names + outcome_codes,
+        weights=weights,
+        minlength=n_seen * n_seen * n_names,
+    ).reshape(n_seen, n_seen, n_names)
     n_models = len(names)
-    cells = np.bincount((low * n_models + high) * 4 + result, minlength=n_models * n_models * 4)
-    cells = cells.reshape(n_models, n_models, 4)
+    # by_side[i, j, code]: battles with i as model A and j as model B, by outcome code
+    by_side = np.zeros((n_models, n_models, 4))
+    for name_code, code in enumerate(outcome_map):
+        by_side[np.ix_(remap, remap, [code])] += cells[:, :, [name_code]]
+    # Orient every battle as (low index, high index); A and B wins swap when the order flips.
+    swap = [1, 0, 2, 3]
     first, second = np.triu_indices(n_models, k=1)
-    per_pair = cells[first, second]
+    per_pair = by_side[first, second] + by_side[second, first][:, swap]
     return PairCounts(
         models=names,
         first=first,
         second=second,
-        first_wins=per_pair[:, 0].astype(float),
-        second_wins=per_pair[:, 1].astype(float),
-        ties=per_pair[:, 2].astype(float),
-        both_bad=per_pair[:, 3].astype(float),
+        first_wins=per_pair[:, 0],
+        second_wins=per_pair[:, 1],
+        ties=per_pair[:, 2],
+        both_bad=per_pair[:, 3],
     )
 
 

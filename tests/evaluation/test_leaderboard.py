@@ -2,6 +2,7 @@
 
 import importlib.util
 import math
+from collections import Counter
 from pathlib import Path
 
 import choix
@@ -162,6 +163,35 @@ class TestBootstrap:
         assert np.array_equal(first.bootstrap, second.bootstrap)
         for row in first.rows:
             assert row.ci_low < row.rating < row.ci_high
+
+
+class TestPreAggregatedRows:
+    def test_grouped_rows_with_counts_equal_the_battles(self):
+        # Given battles and the same battles grouped by (model_a, model_b, outcome), as SQL
+        # GROUP BY returns them, in another row order
+        battles = simulate(3000, [0.0, 0.4, 0.9, 1.5], seed=17, tie_rate=0.2, both_bad_rate=0.1)
+        grouped = sorted(Counter(battles).items(), key=lambda item: item[1])
+        model_a, model_b, outcome = zip(*(key for key, _ in grouped), strict=True)
+        count = [n for _, n in grouped]
+        models = ["m3", "m2", "m1", "m0"]
+        # when both are aggregated
+        per_battle = pair_counts(battles, models=models)
+        per_group = pair_counts(
+            model_a=model_a, model_b=model_b, outcome=outcome, count=count, models=models
+        )
+        # then the counts, the fit and the bootstrap are the same
+        assert per_group.outcomes().tolist() == per_battle.outcomes().tolist()
+        assert per_group.n_battles == 3000
+        first = leaderboard(per_battle, n_boot=30, seed=3)
+        second = leaderboard(per_group, n_boot=30, seed=3)
+        assert np.array_equal(first.ratings, second.ratings)
+        assert np.array_equal(first.bootstrap, second.bootstrap)
+        assert first.rows == second.rows
+
+    @pytest.mark.parametrize("count", [[1, -1], [1, 0.5], [1, float("nan")], [1, 2, 3]])
+    def test_bad_counts_are_rejected(self, count):
+        with pytest.raises(ValueError, match="count"):
+            pair_counts(model_a=["a", "b"], model_b=["b", "a"], outcome=["A", "B"], count=count)
 
 
 class TestRanks:
