@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.trainers import reward
     from training.trainers.data import write_snapshot
-    from training.trainers.tiny import minilm_path
+    from training.trainers.model_paths import minilm_path
 
     try:
         minilm_path()

@@ -142,7 +142,7 @@ def reward_function_resolve(*, name: Any, field: str = "config.reward_function")
 def training_roots() -> list[Path]:
     """Return the folders (resolved) under which every model, checkpoint and dataset must lie."""
     roots = [settings.ARTIFACT_ROOT, *settings.PREFLOOP_MODEL_ROOTS]
-    output_root = getattr(settings, "TRAINING_OUTPUT_ROOT", None)
+    output_root = settings.TRAINING_OUTPUT_ROOT
     if output_root:
         roots.append(output_root)
     return [Path(os.path.realpath(root)) for root in roots if root]
@@ -177,7 +177,7 @@ def path_check(*, value: Any, field: str) -> str:
 
 
 def _model_alias(value: Any) -> bool:
-    from training.trainers.tiny import MODEL_ALIASES
+    from training.trainers.model_paths import MODEL_ALIASES
 
     return isinstance(value, str) and value.lower() in MODEL_ALIASES
 
@@ -309,10 +309,10 @@ def training_config_resolve(
 
 
 def _run_checkpoint(user, project, run_id: Any, field: str) -> str:
-    from training import services
+    from training.run_files import newest_complete_checkpoint
 
     run = training_run_for_run(user=user, project=project, run_id=run_id, field=field)
-    found = services.last_checkpoint(run.output_dir) if run.output_dir else None
+    found = newest_complete_checkpoint(run.output_dir) if run.output_dir else None
     if found is None:
         raise _refuse(field, f"training run {run.pk} has no complete checkpoint.")
     return path_check(value=found[0], field=field)

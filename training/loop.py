@@ -345,11 +345,12 @@ def _sign(value: float) -> int:
 
 def _rank_by_vote_split(round_: Round) -> list[Prompt]:
     split = []
+    counted = Judgment.objects.filter(item__round=round_).counted().values("pk")
     items = (
         Item.objects.filter(round=round_, is_gold=False)
         .annotate(
-            a=Count("judgments", filter=Q(judgments__choice="A")),
-            b=Count("judgments", filter=Q(judgments__choice="B")),
+            a=Count("judgments", filter=Q(judgments__choice="A", judgments__in=counted)),
+            b=Count("judgments", filter=Q(judgments__choice="B", judgments__in=counted)),
         )
         .filter(a__gt=0, b__gt=0)
         .select_related("prompt")
@@ -414,12 +415,11 @@ def _rank_by_human_rm(round_: Round, model: ModelVersion) -> list[Prompt]:
     items = _round_items(round_)
     votes: dict[int, dict[str, int]] = {}
     rankings: dict[int, list[list[int]]] = {}
-    judgments = Judgment.objects.filter(
-        item__in=[item.pk for item in items],
-        source=LabelSource.HUMAN,
-        is_repeat=False,
-        qc_flag="",
-    ).values_list("item_id", "choice", "ranking")
+    judgments = (
+        Judgment.objects.filter(item__in=[item.pk for item in items])
+        .counted()
+        .values_list("item_id", "choice", "ranking")
+    )
     for item_id, choice, ranking in judgments:
         if choice in ("A", "B"):
             per_item = votes.setdefault(item_id, {})
@@ -538,9 +538,7 @@ def round_generate(
 
 
 def _labels_in(round_: Round, sources: list[str]) -> int:
-    return Judgment.objects.filter(
-        item__round=round_, is_gold=False, is_repeat=False, source__in=sources
-    ).count()
+    return Judgment.objects.filter(item__round=round_).primary().of_sources(sources).count()
 
 
 def loop_ready(*, project: Project, settings: LoopSettings) -> Round | None:
@@ -625,6 +623,7 @@ def _train(
 ) -> TrainingRun | None:
     """Return the iteration's finished run of `recipe`, creating or running it if needed."""
     from training import services as training_services
+    from training import supervisor as training_supervisor
 
     run = _run_for(project, dataset_version, recipe)
     if run is None:
@@ -653,7 +652,7 @@ def _train(
         state.add(recipe, "done", f"run {run.pk}")
         return run
     if sync:
-        run = training_services.training_run_execute(run_id=run.pk)
+        run = training_supervisor.training_run_execute(run_id=run.pk)
         if run is None or run.status != TrainingRun.Status.SUCCEEDED:
             error = run.error[-500:] if run else "run vanished"
             state.add(recipe, "failed", f"run {run.pk if run else '?'}: {error}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Task, shared_task
 from django.db import InterfaceError, OperationalError
 
-from training import services
+from training import services, supervisor
 
 
 class TrainingTask(Task):
@@ -32,7 +32,7 @@ class TrainingTask(Task):
 )
 def run_training(self, run_id: int) -> str | None:
     """Run one training run to its end; a finished or live run is left alone."""
-    run = services.training_run_execute(run_id=run_id, task_id=self.request.id or "")
+    run = supervisor.training_run_execute(run_id=run_id, task_id=self.request.id or "")
     return run.status if run is not None else None
 
 

@@ -130,6 +130,25 @@ PREFLOOP_MODEL_ROOTS = env.list("PREFLOOP_MODEL_ROOTS", default=[])
 # Extra environment variables the training subprocess inherits (it gets a minimal set).
 PREFLOOP_TRAINING_ENV_PASSTHROUGH = env.list("PREFLOOP_TRAINING_ENV_PASSTHROUGH", default=[])
 
+# Training runs (training/supervisor.py, processes.py). Runs are written under
+# TRAINING_OUTPUT_ROOT/run-<id>/ (None: ARTIFACT_ROOT/training). The launcher is "python",
+# "accelerate" (with TRAINING_ACCELERATE_ARGS) or a list used as the command's prefix.
+TRAINING_OUTPUT_ROOT = None
+TRAINING_LAUNCHER = "python"
+TRAINING_ACCELERATE_ARGS: list[str] = []
+# The supervisor polls the run's files this often, and a run whose supervisor sent no
+# heartbeat for TRAINING_HEARTBEAT_STALE_SECONDS is taken over (it resumes from a checkpoint).
+TRAINING_POLL_SECONDS = 1.0
+TRAINING_HEARTBEAT_STALE_SECONDS = 60
+# Seconds between SIGTERM and SIGKILL when a run is cancelled or stopped.
+TRAINING_KILL_GRACE_SECONDS = 10
+# A run still going after this many seconds is stopped (0: no limit).
+TRAINING_MAX_RUNTIME_SECONDS = 0
+# A run does not start with less free space than this in its folder.
+TRAINING_MIN_FREE_BYTES = 1 << 30
+# Lines of the training log kept on the run's row.
+TRAINING_LOG_TAIL_LINES = 50
+
 # Imports (annotation/importers.py): the largest upload taken, the largest file once
 # decompressed, and the longest line, in bytes; a file past a limit is refused whole with a
 # 413. Uploads larger than IMPORT_ASYNC_BYTES are imported by a Celery task instead of the

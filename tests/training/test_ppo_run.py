@@ -7,7 +7,7 @@ import pytest
 from tests.factories import make_project
 from tests.training import test_runs_support as support
 from tests.training.test_runs_support import make_dataset_version
-from training import demo, services
+from training import demo, services, supervisor
 from training.models import ModelVersion, TrainingRun
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +44,7 @@ def test_ppo_recipe_runs_as_a_training_run_and_registers_a_policy(
         project=project,
         enqueue=False,
     )
-    run = services.training_run_execute(run_id=run.pk)
+    run = supervisor.training_run_execute(run_id=run.pk)
 
     # then it succeeded with PPO's metrics streamed into the row and one registered policy
     assert run.status == TrainingRun.Status.SUCCEEDED, run.error

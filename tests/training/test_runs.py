@@ -21,7 +21,7 @@ from annotation.services import Conflict
 from tests.factories import make_project
 from tests.training import test_runs_support as support
 from tests.training.test_runs_support import make_dataset_version, reward_config, wait_for
-from training import services
+from training import processes, run_files, services, supervisor
 from training.models import ModelVersion, TrainingRun
 
 training_settings = support.training_settings
@@ -108,12 +108,12 @@ def test_launcher_is_configurable(settings):
         "resume": True,
     }
     settings.TRAINING_LAUNCHER = "python"
-    plain = services.training_command(**args)
+    plain = processes.training_command(**args)
     assert plain[1:4] == ["-m", "training.trainers.cli", "--recipe"]
     assert plain[-1] == "--resume"
     settings.TRAINING_LAUNCHER = "accelerate"
     settings.TRAINING_ACCELERATE_ARGS = ["--num_processes", "2"]
-    launched = services.training_command(**args)
+    launched = processes.training_command(**args)
     assert launched[1:6] == ["-m", "accelerate.commands.launch", "--num_processes", "2", "-m"]
     assert launched[6] == "training.trainers.cli"
 
@@ -161,7 +161,7 @@ def test_train_sync_reward_run_end_to_end(training_settings, tiny_reward_dir, re
     assert f"model version: {model.name}" in out.getvalue()
 
     # and executing the finished run again (a redelivered task) changes nothing
-    again = services.training_run_execute(run_id=run.pk)
+    again = supervisor.training_run_execute(run_id=run.pk)
     assert again.status == TrainingRun.Status.SUCCEEDED and again.attempts == 1
     assert ModelVersion.objects.count() == 1
 
@@ -177,7 +177,7 @@ def test_child_of_a_registered_model_keeps_lineage(
     training_settings, tiny_reward_dir, reward_snapshot
 ):
     parent_run = _create(tiny_reward_dir, reward_snapshot, max_steps=2, save_steps=2)
-    parent_run = services.training_run_execute(run_id=parent_run.pk)
+    parent_run = supervisor.training_run_execute(run_id=parent_run.pk)
     parent = parent_run.model_version
 
     child = services.training_run_create(
@@ -192,7 +192,7 @@ def test_child_of_a_registered_model_keeps_lineage(
         enqueue=False,
     )
     assert child.config["model_name_or_path"] == parent.artifact_path
-    child = services.training_run_execute(run_id=child.pk)
+    child = supervisor.training_run_execute(run_id=child.pk)
     assert child.status == TrainingRun.Status.SUCCEEDED, child.error
     assert child.model_version.parent == parent
     assert child.model_version.base_model_path == parent.artifact_path
@@ -215,7 +215,7 @@ def test_accelerate_launcher_trains_too(training_settings, tiny_reward_dir, rewa
     ]
     run = _create(tiny_reward_dir, reward_snapshot, max_steps=4, save_steps=4)
 
-    run = services.training_run_execute(run_id=run.pk)
+    run = supervisor.training_run_execute(run_id=run.pk)
 
     assert run.status == TrainingRun.Status.SUCCEEDED, run.error
     assert "accelerate.commands.launch" in Path(run.output_dir, "train.log").read_text()
@@ -231,7 +231,7 @@ def test_bad_data_fails_with_a_clear_error(training_settings, tiny_reward_dir, m
     broken = make_snapshot(train=[{"prompt": "Q", "chosen": "A"}])  # no "rejected"
     run = _create(tiny_reward_dir, broken)
 
-    run = services.training_run_execute(run_id=run.pk)
+    run = supervisor.training_run_execute(run_id=run.pk)
 
     assert run.status == TrainingRun.Status.FAILED
     assert run.exit_code == 2
@@ -247,7 +247,7 @@ def test_bad_config_that_slipped_past_validation_fails_with_exit_2(
     run = _create(tiny_reward_dir, reward_snapshot)
     TrainingRun.objects.filter(pk=run.pk).update(config={**run.config, "overlong": "squash"})
 
-    run = services.training_run_execute(run_id=run.pk)
+    run = supervisor.training_run_execute(run_id=run.pk)
 
     assert run.status == TrainingRun.Status.FAILED
     assert run.error.startswith("Bad config or data")
@@ -265,7 +265,7 @@ def test_unwritable_artifact_folder_fails_the_run_clearly(
     training_settings.TRAINING_OUTPUT_ROOT = str(blocker / "runs")
     run = _create(tiny_reward_dir, reward_snapshot)
 
-    run = services.training_run_execute(run_id=run.pk)
+    run = supervisor.training_run_execute(run_id=run.pk)
 
     assert run.status == TrainingRun.Status.FAILED
     assert "is not writable" in run.error and str(blocker) in run.error
@@ -278,7 +278,7 @@ def test_full_disk_fails_the_run_clearly(training_settings, tiny_reward_dir, rew
     training_settings.TRAINING_MIN_FREE_BYTES = 1 << 62  # more than any disk has
     run = _create(tiny_reward_dir, reward_snapshot)
 
-    run = services.training_run_execute(run_id=run.pk)
+    run = supervisor.training_run_execute(run_id=run.pk)
 
     assert run.status == TrainingRun.Status.FAILED
     assert run.error.startswith("Disk full")
@@ -289,19 +289,19 @@ def test_a_launcher_that_cannot_start_fails_the_run_clearly(
     training_settings, tiny_reward_dir, reward_snapshot
 ):
     training_settings.TRAINING_LAUNCHER = ["/nonexistent/python"]
-    run = services.training_run_execute(run_id=_create(tiny_reward_dir, reward_snapshot).pk)
+    run = supervisor.training_run_execute(run_id=_create(tiny_reward_dir, reward_snapshot).pk)
     assert run.status == TrainingRun.Status.FAILED
     # the launcher's path is the server's business: the caller reads a placeholder
     assert run.error.startswith("Could not start the training process (<server path>)")
 
     training_settings.TRAINING_LAUNCHER = "deepspeed"
-    run = services.training_run_execute(run_id=_create(tiny_reward_dir, reward_snapshot).pk)
+    run = supervisor.training_run_execute(run_id=_create(tiny_reward_dir, reward_snapshot).pk)
     assert run.status == TrainingRun.Status.FAILED
     assert run.error.startswith("Unknown launcher")
 
 
 def test_failure_messages_name_the_cause():
-    message = services._failure_message
+    message = supervisor._failure_message
     assert message(1, "OSError: [Errno 28] No space left on device", "/o").startswith(
         "Disk full while writing to /o"
     )
@@ -319,7 +319,7 @@ def test_task_on_failure_records_the_traceback(training_settings, monkeypatch):
     def boom(**kwargs):
         raise ValueError("supervisor bug")
 
-    monkeypatch.setattr(services, "training_run_execute", boom)
+    monkeypatch.setattr(supervisor, "training_run_execute", boom)
     result = tasks.run_training.apply(args=(run.pk,))
 
     assert result.failed()
@@ -334,7 +334,7 @@ def test_task_options():
     assert run_training.acks_late is True
     assert run_training.reject_on_worker_lost is True
     assert run_training.max_retries == 5
-    assert services.DatabaseError not in run_training.autoretry_for  # only connection errors
+    assert supervisor.DatabaseError not in run_training.autoretry_for  # only connection errors
 
 
 # --------------------------------------------------------------------------- idempotency
@@ -353,7 +353,7 @@ def test_run_supervised_elsewhere_is_not_started_twice(
         attempts=1,
     )
 
-    again = services.training_run_execute(run_id=run.pk)
+    again = supervisor.training_run_execute(run_id=run.pk)
 
     assert again.status == TrainingRun.Status.RUNNING
     assert again.attempts == 1 and again.worker_host == "gpu-box-7"
@@ -369,7 +369,7 @@ def test_worker_gone_rules(training_settings):
     def run(**fields):
         return TrainingRun(status=TrainingRun.Status.RUNNING, **fields)
 
-    gone = services.training_run_worker_gone
+    gone = processes.training_run_worker_gone
     assert gone(run=run(heartbeat_at=None, worker_host="x", worker_pid=1))
     assert gone(run=run(heartbeat_at=now - timedelta(minutes=5), worker_host="x", worker_pid=1))
     assert not gone(run=run(heartbeat_at=now, worker_host="x", worker_pid=1))
@@ -397,7 +397,7 @@ def test_cancel_a_queued_run_then_executing_it_does_nothing(
     run.refresh_from_db()
     assert run.status == TrainingRun.Status.CANCELLED
 
-    assert services.training_run_execute(run_id=run.pk).attempts == 0
+    assert supervisor.training_run_execute(run_id=run.pk).attempts == 0
     assert services.training_run_cancel(run_id=run.pk).status == TrainingRun.Status.CANCELLED
 
 
@@ -422,7 +422,7 @@ def test_cancel_kills_the_running_process_group_and_resume_continues_from_checkp
 
     def supervise():
         try:
-            outcome["run"] = services.training_run_execute(run_id=run.pk)
+            outcome["run"] = supervisor.training_run_execute(run_id=run.pk)
         finally:
             connection.close()
 
@@ -437,7 +437,11 @@ def test_cancel_kills_the_running_process_group_and_resume_continues_from_checkp
     )
     assert row.status == TrainingRun.Status.RUNNING and 0 < row.progress < 1
     assert row.heartbeat_at is not None and "step" in row.log_tail
-    wait_for(lambda: services.last_checkpoint(run.output_dir), timeout=60, what="a checkpoint")
+    wait_for(
+        lambda: run_files.newest_complete_checkpoint(run.output_dir),
+        timeout=60,
+        what="a checkpoint",
+    )
     child = psutil.Process(row.child_pid)
 
     # when it is cancelled
@@ -452,7 +456,7 @@ def test_cancel_kills_the_running_process_group_and_resume_continues_from_checkp
     assert run.exit_code is not None and run.exit_code < 0
     assert run.child_pid is None
     assert not ModelVersion.objects.exists()
-    checkpoint, step = services.last_checkpoint(run.output_dir)
+    checkpoint, step = run_files.newest_complete_checkpoint(run.output_dir)
 
     # when it is resumed (in-process) with a shorter horizon... the config is fixed, so
     # shorten the work by resuming a run whose checkpoint is already near its end

@@ -19,7 +19,7 @@ from annotation.models import Membership
 from tests.factories import add_member, make_project, make_user
 from tests.training import test_runs_support as support
 from tests.training.test_runs_support import make_dataset_version, reward_config
-from training import services
+from training import run_files, services, supervisor
 from training.config_policy import SERVER_PATH, TRL_ARGS_ALLOWED
 from training.models import ModelVersion, TrainingRun
 
@@ -141,10 +141,10 @@ def test_a_registered_reward_function_is_named_and_resolved_only_for_the_cli(
     assert run.config["reward_function"] == "digits" and sent == [run.pk]
     # the deployment's registry, not the request, gives the import path the CLI receives
     settings.PREFLOOP_REWARD_FUNCTIONS = {}
-    run = services.training_run_execute(run_id=run.pk)
+    run = supervisor.training_run_execute(run_id=run.pk)
     assert run.status == TrainingRun.Status.FAILED
     assert "not a registered reward function" in run.error
-    assert not (Path(run.output_dir) / services.CONFIG_FILE).exists()
+    assert not (Path(run.output_dir) / run_files.CONFIG_FILE).exists()
 
 
 # --------------------------------------------------------------------------- paths and ids
@@ -357,7 +357,7 @@ def test_the_training_process_environment_holds_no_secret(
             seen["environ"] = Path(f"/proc/{pid}/environ").read_bytes()
 
     # when a real training process runs, read its environment while it is alive
-    run = services.training_run_execute(run_id=run.pk, on_progress=read_child_environment)
+    run = supervisor.training_run_execute(run_id=run.pk, on_progress=read_child_environment)
 
     # then it trained, and its environment held none of the secrets
     assert run.status == TrainingRun.Status.SUCCEEDED, run.error
@@ -384,7 +384,7 @@ def test_error_and_log_tail_hide_server_paths_outside_the_run_folder(
     shutil.rmtree(snapshot)
 
     # when the real CLI fails on it
-    run = services.training_run_execute(run_id=run.pk)
+    run = supervisor.training_run_execute(run_id=run.pk)
 
     # then the error and the log tail name no folder but the run's own
     assert run.status == TrainingRun.Status.FAILED and run.exit_code == 2

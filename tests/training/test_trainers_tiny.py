@@ -3,13 +3,9 @@
 import pytest
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from training.trainers.tiny import (
-    EOS_TOKEN,
-    build_tiny_causal_lm,
-    minilm_path,
-    prepare_tokenizer,
-    resolve_model_path,
-)
+from training.trainers.chat_templates import prepare_tokenizer
+from training.trainers.model_paths import minilm_path, resolve_model_path
+from training.trainers.tiny import EOS_TOKEN, build_tiny_causal_lm
 
 
 def test_tokenizer_has_special_tokens_and_round_trips(tiny_tokenizer):
@@ -77,7 +73,7 @@ def test_minilm_tokenizer_gets_sep_as_eos_and_a_chat_template():
 
 
 def test_minilm_loads_as_a_one_output_reward_backbone():
-    from training.trainers.tiny import load_minilm_reward_backbone
+    from training.trainers.model_paths import load_minilm_reward_backbone
 
     try:
         minilm_path()

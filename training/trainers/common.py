@@ -205,7 +205,7 @@ class BaseRecipeConfig:
 
 def check_local_dir(name: str, value: str) -> str:
     """Resolve a model alias and make sure the folder exists (nothing comes from the hub)."""
-    from training.trainers.tiny import resolve_model_path
+    from training.trainers.model_paths import resolve_model_path
 
     try:
         path = resolve_model_path(value)
@@ -350,7 +350,7 @@ def lora_config(config: BaseRecipeConfig, task_type: str):
     )
 
 
-def last_checkpoint(output_dir: Path) -> str | None:
+def newest_checkpoint_folder(output_dir: Path) -> str | None:
     """Return the newest ``checkpoint-N`` folder in ``output_dir``, or None."""
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -363,7 +363,7 @@ def resume_checkpoint(output_dir: Path, resume: bool, logger: RunLogger) -> str 
     """Pick the checkpoint to resume from, and log the choice."""
     if not resume:
         return None
-    checkpoint = last_checkpoint(output_dir)
+    checkpoint = newest_checkpoint_folder(output_dir)
     logger.event("resume", checkpoint=checkpoint)
     if checkpoint is None:
         logger.info("resume requested but no checkpoint-* found: starting from scratch")

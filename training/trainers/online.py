@@ -210,7 +210,7 @@ def _train(
     dataset_dir, output_dir, logger = start_run(recipe, config, dataset_dir, output_dir, logger)
     import trl
 
-    from training.trainers.tiny import resolve_model_path
+    from training.trainers.model_paths import resolve_model_path
 
     config_cls, trainer_cls = (getattr(trl, name) for name in trl_names)
     model_path = resolve_model_path(config.model_name_or_path)

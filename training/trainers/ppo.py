@@ -1539,7 +1539,7 @@ def load_models(config: Config) -> dict[str, Any]:
     """Load tokenizer, policy, reference, reward and critic as the config names them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.trainers.tiny import resolve_model_path
+    from training.trainers.model_paths import resolve_model_path
 
     policy_path = resolve_model_path(config.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_name_or_path or policy_path)
@@ -1605,7 +1605,7 @@ def train(
     ``logger`` is a ``RunLogger`` (or anything with ``log(metrics, step=...)``); None makes a
     RunLogger writing metrics.jsonl and progress.json into ``output_dir``.
     """
-    from training.trainers.common import last_checkpoint, start_run
+    from training.trainers.common import newest_checkpoint_folder, start_run
     from training.trainers.data import load_prompts
 
     dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
@@ -1628,7 +1628,7 @@ def train(
     if hasattr(logger, "event"):
         logger.event("value_init", value_init=models["value_init"])
     checkpoint = config.resume_from_checkpoint or (
-        last_checkpoint(output_dir) if config.resume else None
+        newest_checkpoint_folder(output_dir) if config.resume else None
     )
     if checkpoint:
         trainer.load_checkpoint(checkpoint)

@@ -87,7 +87,8 @@ def load_tokenizer(name_or_path: str, eos_token: str | None = None):
     """Load a tokenizer and give it eos/pad/chat template as the reward recipe needs."""
     from transformers import AutoTokenizer
 
-    from training.trainers.tiny import prepare_tokenizer, resolve_model_path
+    from training.trainers.chat_templates import prepare_tokenizer
+    from training.trainers.model_paths import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
     if eos_token is not None:
@@ -219,7 +220,7 @@ class RewardScorer:
         import torch
         from transformers import AutoModelForSequenceClassification
 
-        from training.trainers.tiny import resolve_model_path
+        from training.trainers.model_paths import resolve_model_path
 
         self.model_dir = Path(resolve_model_path(str(model_dir)))
         self.tokenizer = load_tokenizer(str(self.model_dir))
@@ -301,7 +302,7 @@ def train(
     dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
     from trl import RewardConfig, RewardTrainer
 
-    from training.trainers.tiny import resolve_model_path
+    from training.trainers.model_paths import resolve_model_path
 
     model_path = resolve_model_path(config.model_name_or_path)
     tokenizer = load_tokenizer(config.tokenizer_name_or_path or model_path, config.eos_token)

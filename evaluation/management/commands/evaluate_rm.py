@@ -120,7 +120,7 @@ def prompt_key(pair: dict) -> str:
 
 def has_own_chat_template(tokenizer) -> bool:
     """Return whether the tokenizer came with a chat template (not the plain HH fallback)."""
-    from training.trainers.tiny import PLAIN_CHAT_TEMPLATE
+    from training.trainers.chat_templates import PLAIN_CHAT_TEMPLATE
 
     template = getattr(tokenizer, "chat_template", None)
     return bool(template) and template != PLAIN_CHAT_TEMPLATE

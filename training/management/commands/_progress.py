@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
-from training import services
+from training import services, supervisor
 from training.models import TrainingRun
 
 
@@ -16,7 +16,7 @@ class ProgressBar:
 
         self.bar = tqdm(total=0, unit="step", file=stream, dynamic_ncols=True)
 
-    def __call__(self, progress: services.Progress) -> None:
+    def __call__(self, progress: supervisor.Progress) -> None:
         if progress.max_steps and self.bar.total != progress.max_steps:
             self.bar.total = progress.max_steps
         if progress.step != self.bar.n:
@@ -37,7 +37,7 @@ def run_sync(command, run_id: int) -> TrainingRun:
     """Execute a run in this process with a progress bar; raise CommandError unless it succeeds."""
     bar = ProgressBar(command.stderr._out)
     try:
-        run = services.training_run_execute(run_id=run_id, on_progress=bar)
+        run = supervisor.training_run_execute(run_id=run_id, on_progress=bar)
     except KeyboardInterrupt:
         bar.close()
         services.training_run_cancel(run_id=run_id)

@@ -180,6 +180,7 @@ class Command(BaseCommand):
         from transformers import GPT2Config
 
         from training import services as training_services
+        from training import supervisor as training_supervisor
         from training.trainers.tiny import build_tiny_causal_lm, train_tokenizer
 
         root = Path(settings.ARTIFACT_ROOT) / "demo"
@@ -216,7 +217,7 @@ class Command(BaseCommand):
             base_model_path=str(base),
             enqueue=False,
         )
-        run = training_services.training_run_execute(run_id=run.pk)
+        run = training_supervisor.training_run_execute(run_id=run.pk)
         if run.status != TrainingRun.Status.SUCCEEDED:
             raise CommandError(f"SFT failed: {run.error[-2000:]}")
         version = run.model_version
