@@ -378,7 +378,7 @@ def test_generate_round_now_mines_the_last_labelled_round_with_the_two_newest_mo
         captured["prompts"] = prompts
         return Round.objects.get(project=project, number=2)
 
-    monkeypatch.setattr(loop, "round_generate", fake_round_generate)
+    monkeypatch.setattr(loop.steps, "round_generate", fake_round_generate)
 
     loop.generate_round_now(
         project_id=project.pk,

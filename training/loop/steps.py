@@ -1,0 +1,435 @@
+"""The steps of one loop iteration: export, train, evaluate, generate the next round.
+
+An iteration is keyed by the round it learns from (`loop-<project>-r<number>`), and each of
+its steps leaves a row that the next call finds instead of redoing the work:
+
+    export    DatasetVersion named by the key
+    train     TrainingRun(s) on that dataset version (DPO, or reward model then PPO)
+    evaluate  eval_results on the new policy's ModelVersion
+    generate  the next Round, created with source_key "<key>:gen"
+
+`loop_advance` moves an iteration as far as it can and returns what it did. Run with
+`sync=True` it trains and generates in-process; otherwise it queues the slow steps on the
+`gpu` queue and returns, and the next tick (django-celery-beat) picks up from there, so a
+failed step can be retried alone and a researcher can pause the schedule.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from dataclasses import dataclass, field
+
+from django.db import transaction
+
+from annotation import services as annotation_services
+from annotation.importers import ImportFailed, items_import, normalise
+from annotation.models import Judgment, Project, Round
+from training.generation import GenerationSettings, generate_candidates
+from training.loop.mining import prompts_select, reward_models_newest
+from training.loop.settings import DPO_DEFAULTS, PPO_DEFAULTS, REWARD_DEFAULTS, LoopSettings
+from training.models import ModelVersion, TrainingRun
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Step:
+    name: str
+    status: str  # done | started | waiting | failed | skipped
+    detail: str = ""
+
+
+@dataclass
+class LoopState:
+    key: str
+    steps: list[Step] = field(default_factory=list)
+    new_round: Round | None = None
+
+    def add(self, name: str, status: str, detail: str = "") -> None:
+        self.steps.append(Step(name, status, detail))
+        logger.info("loop %s: %s %s %s", self.key, name, status, detail)
+
+
+def loop_key(round_: Round) -> str:
+    return f"loop-{round_.project_id}-r{round_.number}"
+
+
+# --------------------------------------------------------------------------- generate
+
+
+def round_generate(
+    *,
+    project: Project,
+    model_version: ModelVersion,
+    prompts: list[str],
+    settings: LoopSettings,
+    mix_with: ModelVersion | None = None,
+    source_key: str,
+) -> Round:
+    """Open a round of K candidates per prompt from a policy; a repeated call returns it.
+
+    With `mix_with`, one of the K candidates comes from that (e.g. previous) version, so the
+    comparisons span versions. Prompts whose K answers are not all distinct are left out.
+    """
+    round_ = annotation_services.round_create(
+        project=project, model_version=model_version, source_key=source_key
+    )
+    if round_.items.exists():
+        return round_
+    gen = GenerationSettings(**{**settings.generation, "seed": settings.seed})
+    k = project.k
+    from_new = k - 1 if (mix_with is not None and k > 1) else k
+    # Oversample so that duplicates can be dropped and K distinct answers remain.
+    new = generate_candidates(
+        model_version.artifact_path,
+        prompts,
+        k=from_new * 2,
+        settings=gen,
+        model_name=model_version.name,
+    )
+    old = (
+        generate_candidates(
+            mix_with.artifact_path, prompts, k=2, settings=gen, model_name=mix_with.name
+        )
+        if from_new < k
+        else [[] for _ in prompts]
+    )
+    rows = []
+    for prompt, new_c, old_c in zip(prompts, new, old, strict=True):
+        picked, seen = [], set()
+        for cand in old_c[: k - from_new] + new_c:
+            key = normalise(cand["text"])
+            if not key or key in seen:
+                continue
+            if cand in old_c and len([c for c in picked if c in old_c]) >= k - from_new:
+                continue
+            if cand in new_c and len([c for c in picked if c in new_c]) >= from_new:
+                continue
+            seen.add(key)
+            picked.append(cand)
+        if len(picked) == k:
+            rows.append({"prompt": prompt, "candidates": picked})
+    with transaction.atomic():
+        Round.objects.select_for_update().filter(pk=round_.pk).first()
+        if round_.items.exists():
+            return round_
+        while rows:
+            try:
+                items_import(
+                    project=project,
+                    stream=io.StringIO("\n".join(json.dumps(r) for r in rows)),
+                    round_=round_,
+                )
+                break
+            except ImportFailed as exc:
+                # Leave out the prompts the importer refuses (e.g. a pair already asked).
+                bad = {line for line, _ in exc.errors if line > 0}
+                if not bad:
+                    raise
+                logger.warning(
+                    "round %s: leaving out %d prompt(s) the importer refused (%s); "
+                    "importing the others",
+                    round_.number,
+                    len(bad),
+                    "; ".join(f"line {line}: {error}" for line, error in exc.errors[:3]),
+                )
+                rows = [row for i, row in enumerate(rows, start=1) if i not in bad]
+    logger.info(
+        "round %s: %d of %d prompts had %d distinct answers",
+        round_.number,
+        len(rows),
+        len(prompts),
+        k,
+    )
+    return round_
+
+
+# --------------------------------------------------------------------------- iteration
+
+
+def _labels_in(round_: Round, sources: list[str]) -> int:
+    return Judgment.objects.filter(item__round=round_).primary().of_sources(sources).count()
+
+
+def loop_ready(*, project: Project, settings: LoopSettings) -> Round | None:
+    """Return the open round an iteration can learn from now, or None."""
+    round_ = Round.objects.filter(project=project).order_by("-number").first()
+    if round_ is None or round_.model_version_id is None:
+        return None
+    labels = _labels_in(round_, settings.sources)
+    if settings.min_new_judgments:
+        return round_ if labels >= settings.min_new_judgments else None
+    needed = round_.items.filter(is_gold=False).count() * project.overlap
+    return round_ if needed and labels >= needed else None
+
+
+def _dataset(round_: Round, settings: LoopSettings, key: str):
+    from annotation.models import DatasetVersion
+
+    versions = DatasetVersion.objects.filter(project=round_.project, name=key)
+    existing = versions.exclude(status="failed").order_by("-version").first()
+    if existing is not None and existing.status == "ready":
+        return existing, "done"
+    failed = versions.filter(status="failed").order_by("-version").first()
+    if existing is None and failed is not None:
+        newer = Judgment.objects.filter(item__round=round_, created_at__gt=failed.created_at)
+        if not newer.exists():
+            # Rebuilding the same labels would fail the same way: wait for new labels.
+            return failed, "failed"
+    from annotation.exports import dataset_version_build, dataset_version_create
+
+    if existing is None:
+        rounds = list(
+            Round.objects.filter(project=round_.project, number__lte=round_.number).values_list(
+                "number", flat=True
+            )
+        )
+        existing = dataset_version_create(
+            project=round_.project,
+            name=key,
+            policy={
+                "format": "trl",
+                # Candidates were sampled through the chat template (generate_candidates), so
+                # train on chat rows too: plain-text rows skip the template in DPO/RM/PPO.
+                "conversational": True,
+                "aggregation": settings.aggregation,
+                "sources": settings.sources,
+                "ties": "drop",
+                "both_bad": "drop",
+                "rounds": rounds,
+                "split": {"train": 0.9, "validation": 0.1, "test": 0.0},
+                "seed": settings.seed,
+                "hf": False,
+            },
+        )
+    from annotation.services import ServiceError
+
+    try:
+        version = dataset_version_build(dataset_version_id=existing.pk)
+    except ServiceError:
+        existing.refresh_from_db()
+        return existing, "failed"
+    return version, "started"
+
+
+def _run_for(project, dataset_version, recipe: str) -> TrainingRun | None:
+    return (
+        TrainingRun.objects.filter(project=project, dataset_version=dataset_version, recipe=recipe)
+        .exclude(status__in=[TrainingRun.Status.FAILED, TrainingRun.Status.CANCELLED])
+        .order_by("-id")
+        .first()
+    )
+
+
+def _train(
+    *,
+    recipe: str,
+    config: dict,
+    project,
+    dataset_version,
+    base_model,
+    sync: bool,
+    state,
+) -> TrainingRun | None:
+    """Return the iteration's finished run of `recipe`, creating or running it if needed."""
+    from training import services as training_services
+    from training import supervisor as training_supervisor
+
+    run = _run_for(project, dataset_version, recipe)
+    if run is None:
+        failed = (
+            TrainingRun.objects.filter(
+                project=project,
+                dataset_version=dataset_version,
+                recipe=recipe,
+                status=TrainingRun.Status.FAILED,
+            )
+            .order_by("-id")
+            .first()
+        )
+        if failed is not None and not sync:
+            state.add(recipe, "failed", f"run {failed.pk}: {failed.error[-300:]}")
+            return None
+        run = training_services.training_run_create(
+            recipe=recipe,
+            config=config,
+            dataset_version=dataset_version,
+            base_model=base_model,
+            project=project,
+            enqueue=not sync,
+        )
+    if run.status == TrainingRun.Status.SUCCEEDED:
+        state.add(recipe, "done", f"run {run.pk}")
+        return run
+    if sync:
+        run = training_supervisor.training_run_execute(run_id=run.pk)
+        if run is None or run.status != TrainingRun.Status.SUCCEEDED:
+            error = run.error[-500:] if run else "run vanished"
+            state.add(recipe, "failed", f"run {run.pk if run else '?'}: {error}")
+            return None
+        state.add(recipe, "done", f"run {run.pk}")
+        return run
+    state.add(recipe, "waiting", f"run {run.pk} is {run.status}")
+    return None
+
+
+def loop_advance(
+    *, project: Project, settings: LoopSettings, sync: bool = False, force: bool = False
+) -> LoopState:
+    """Move the project's current iteration as far as it can go; return the steps taken."""
+    round_ = Round.objects.filter(project=project).order_by("-number").first()
+    if round_ is None:
+        return LoopState(key="-", steps=[Step("start", "skipped", "no round yet")])
+    key = loop_key(round_)
+    state = LoopState(key=key)
+    if round_.source_key.endswith(":gen") and not round_.items.exists():
+        # A previous iteration opened this round but its generation did not finish.
+        previous = Round.objects.filter(project=project, number=round_.number - 1).first()
+        if previous is not None:
+            return _generate_step(project, previous, round_.model_version, settings, state, sync)
+    if not force and loop_ready(project=project, settings=settings) is None:
+        state.add("wait", "waiting", f"round {round_.number} needs more labels")
+        return state
+    if round_.model_version_id is None:
+        state.add("start", "skipped", f"round {round_.number} has no policy version")
+        return state
+    parent = round_.model_version
+
+    dataset, status = _dataset(round_, settings, key)
+    if status == "failed":
+        state.add("export", "failed", f"dataset v{dataset.version}: {dataset.error[-300:]}")
+        return state
+    state.add("export", status, f"dataset v{dataset.version} {dataset.split_counts}")
+    if dataset.status != "ready":
+        state.add("export", "waiting", dataset.status)
+        return state
+
+    run = _train_policy(project, parent, dataset, settings, state, sync)
+    if run is None:
+        return state
+    policy = ModelVersion.objects.get(training_run=run)
+    _evaluate_step(policy, state)
+    annotation_services.round_close(round_=round_)
+    return _generate_step(project, round_, policy, settings, state, sync)
+
+
+def _train_policy(
+    project, parent, dataset, settings: LoopSettings, state, sync
+) -> TrainingRun | None:
+    """Return the iteration's finished policy run (DPO, or reward model then PPO), or None."""
+    if settings.path == "dpo":
+        config = {**DPO_DEFAULTS, **settings.dpo, "seed": settings.seed}
+        run = _train(
+            recipe="dpo",
+            config=config,
+            project=project,
+            dataset_version=dataset,
+            base_model=parent,
+            sync=sync,
+            state=state,
+        )
+    else:
+        rm_config = {
+            **REWARD_DEFAULTS,
+            **settings.reward,
+            "seed": settings.seed,
+            "model_name_or_path": settings.reward.get("model_name_or_path") or parent.artifact_path,
+        }
+        rm_run = _train(
+            recipe="reward",
+            config=rm_config,
+            project=project,
+            dataset_version=dataset,
+            base_model=None,
+            sync=sync,
+            state=state,
+        )
+        if rm_run is None:
+            return None
+        reward_path = rm_run.model_version.artifact_path
+        ppo_config = {
+            **PPO_DEFAULTS,
+            **settings.ppo,
+            "seed": settings.seed,
+            "reward_model_path": reward_path,
+        }
+        run = _train(
+            recipe="ppo",
+            config=ppo_config,
+            project=project,
+            dataset_version=dataset,
+            base_model=parent,
+            sync=sync,
+            state=state,
+        )
+    return run
+
+
+def _evaluate_step(policy: ModelVersion, state: LoopState) -> None:
+    if "true_reward" in policy.eval_results:
+        state.add("evaluate", "done", f"true reward {policy.eval_results['true_reward']:.3f}")
+        return
+    try:
+        from training.demo_eval import policy_true_reward
+
+        result = policy_true_reward(policy.artifact_path)
+    except ValueError as exc:  # not the demo domain: the reward model metrics stand
+        state.add("evaluate", "skipped", str(exc)[:200])
+        return
+    policy.eval_results = {**policy.eval_results, **result}
+    policy.save(update_fields=["eval_results"])
+    low, high = result["true_reward_ci95"]
+    state.add(
+        "evaluate", "done", f"true reward {result['true_reward']:.3f} [{low:.3f}, {high:.3f}]"
+    )
+
+
+def _generate_step(project, learned_from: Round, policy, settings, state, sync) -> LoopState:
+    key = f"{loop_key(learned_from)}:gen"
+    if not sync:
+        existing = Round.objects.filter(project=project, source_key=key).first()
+        if existing is not None and existing.items.exists():
+            state.new_round = existing
+            state.add("generate", "done", f"round {existing.number}")
+            return state
+        from training.loop_tasks import generate_round
+
+        annotation_services.round_create(project=project, model_version=policy, source_key=key)
+        transaction.on_commit(
+            lambda: generate_round.delay(project.pk, policy.pk, key, settings.to_dict())
+        )
+        state.add("generate", "started", key)
+        return state
+    round_ = generate_round_now(
+        project_id=project.pk,
+        model_version_id=policy.pk,
+        source_key=key,
+        settings=settings.to_dict(),
+    )
+    state.new_round = round_
+    state.add("generate", "done", f"round {round_.number}: {round_.items.count()} items")
+    return state
+
+
+def generate_round_now(
+    *, project_id: int, model_version_id: int, source_key: str, settings: dict
+) -> Round:
+    """Choose prompts and generate the round keyed by source_key (idempotent)."""
+    project = Project.objects.get(pk=project_id)
+    policy = ModelVersion.objects.get(pk=model_version_id)
+    loop_settings = LoopSettings.from_dict(settings)
+    prompts = prompts_select(
+        project=project,
+        settings=loop_settings,
+        reward_models=reward_models_newest(project=project),
+    )
+    return round_generate(
+        project=project,
+        model_version=policy,
+        prompts=prompts,
+        settings=loop_settings,
+        mix_with=policy.parent if loop_settings.mix_previous else None,
+        source_key=source_key,
+    )
