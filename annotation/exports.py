@@ -308,28 +308,11 @@ class PromptGroup:
     units: list[Unit]
 
 
-def _judgment_filter(project: Project, policy: ExportPolicy) -> Q:
-    q = Q(project=project)
-    if policy.rounds is not None:
-        q &= Q(item__round__number__in=policy.rounds)
-    return q
-
-
-def _included(policy: ExportPolicy) -> Q:
-    q = Q(source__in=policy.sources)
-    if not policy.include_gold:
-        q &= Q(is_gold=False, item__is_gold=False)
-    if not policy.include_repeats:
-        q &= Q(is_repeat=False)
-    if not policy.include_qc_flagged:
-        q &= Q(qc_flag="")
-    return q
-
-
 def _excluded_counts(project: Project, policy: ExportPolicy) -> dict:
     """Count judgments in scope that the filters leave out, per reason (first reason wins)."""
     rows = (
-        Judgment.objects.filter(_judgment_filter(project, policy))
+        Judgment.objects.filter(project=project)
+        .in_rounds(policy.rounds)
         .values("source", "is_gold", "item__is_gold", "is_repeat", "qc_flag")
         .annotate(n=Count("id"))
         .order_by()
@@ -378,7 +361,8 @@ def prompt_groups(project: Project, policy: ExportPolicy) -> Iterator[PromptGrou
     )
     fields = VOTE_FIELDS + (RAW_FIELDS if policy.format == "raw" else ())
     votes = (
-        Judgment.objects.filter(_judgment_filter(project, policy) & _included(policy))
+        Judgment.objects.filter(project=project)
+        .for_policy(policy)
         .annotate(ranking_text=Cast("ranking", TextField()))
         .order_by("item__prompt_id", "item_id", "id")
         .values_list(*fields)

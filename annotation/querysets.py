@@ -46,6 +46,10 @@ class JudgmentQuerySet(models.QuerySet):
         """Leave out labels quality control flagged."""
         return self.filter(**UNFLAGGED_FIELDS)
 
+    def flagged(self) -> JudgmentQuerySet:
+        """Keep only labels quality control flagged."""
+        return self.exclude(**UNFLAGGED_FIELDS)
+
     def of_sources(self, *sources: str) -> JudgmentQuerySet:
         """Keep labels from the named sources only."""
         return self.filter(source__in=_flat(sources))
@@ -54,9 +58,9 @@ class JudgmentQuerySet(models.QuerySet):
         """Keep labels on items of the rounds with these numbers (None: every round)."""
         return self if numbers is None else self.filter(item__round__number__in=list(numbers))
 
-    def counted(self, *sources: str) -> JudgmentQuerySet:
-        """Keep the votes that decide an item: primary, unflagged, of these sources (human)."""
-        return self.primary().unflagged().of_sources(*(sources or (HUMAN,)))
+    def counted(self, sources: Iterable[str] = (HUMAN,)) -> JudgmentQuerySet:
+        """Keep the votes that decide an item: primary, unflagged, of these sources."""
+        return self.primary().unflagged().of_sources(sources)
 
     def for_policy(self, policy: ExportPolicy) -> JudgmentQuerySet:
         """Keep the labels an export policy takes: rounds, sources, gold/repeat/flag rules."""
@@ -75,12 +79,12 @@ def policy_q(policy: ExportPolicy) -> Q:
     return q
 
 
-def is_counted_row(row: Mapping[str, Any], *sources: str) -> bool:
+def is_counted_row(row: Mapping[str, Any], sources: Iterable[str] = (HUMAN,)) -> bool:
     """Return whether a loaded judgment row (a `values()` dict) passes `counted`.
 
     A field the row was loaded without is not checked: callers load what they need.
     """
-    if row["source"] not in _flat(sources or (HUMAN,)):
+    if row["source"] not in _flat(sources):
         return False
     required = {**PRIMARY_FIELDS, **UNFLAGGED_FIELDS}
     return all(row.get(name, value) == value for name, value in required.items())

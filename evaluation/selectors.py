@@ -214,13 +214,13 @@ def _votes(
     *, project: Project, round_: Round | None, include_gold: bool, include_flagged: bool
 ) -> list[_Vote]:
     """Load primary labels (no repeats) in one query, oldest first."""
-    judgments = Judgment.objects.filter(project=project, is_repeat=False)
+    judgments = Judgment.objects.filter(project=project).without_repeats()
     if round_ is not None:
         judgments = judgments.filter(item__round=round_)
     if not include_gold:
-        judgments = judgments.filter(is_gold=False, item__is_gold=False)
+        judgments = judgments.without_gold()
     if not include_flagged:
-        judgments = judgments.filter(qc_flag="")
+        judgments = judgments.unflagged()
     rows = judgments.order_by("id").values_list(
         "item_id",
         "annotator_id",
@@ -673,14 +673,12 @@ def label_distribution(
     "left" counts A/B decisions for the answer shown on the left (ranking: the left answer
     ranked above the second one).
     """
-    judgments = Judgment.objects.filter(
-        project=project, is_repeat=False, is_gold=False, item__is_gold=False
-    )
+    judgments = Judgment.objects.filter(project=project).primary()
     if round_ is not None:
         judgments = judgments.filter(item__round=round_)
-    n_flagged = judgments.exclude(qc_flag="").count()
+    n_flagged = judgments.flagged().count()
     if not include_flagged:
-        judgments = judgments.filter(qc_flag="")
+        judgments = judgments.unflagged()
     ranking = project.task_kind == TaskKind.RANKING
     by_source: dict[str, dict] = {}
     if not ranking:
@@ -929,18 +927,22 @@ def annotator_quality(
         chars[item_id] = (chars.get(item_id) or 0) + (n or 0)
 
     # Everyone's primary labels on these items: the crowd for the consensus and speed pool.
-    shared_rows = Judgment.objects.filter(project=project, item_id__in=item_ids, is_repeat=False)
-    shared_rows = shared_rows.values_list(
-        "annotator_id",
-        "external_rater",
-        "item_id",
-        "choice",
-        "ranking",
-        "source",
-        "qc_flag",
-        "time_spent_ms",
-        "created_at",
-        "server_time_ms",
+    # Labels QC flagged (e.g. of a paused annotator) are no part of anyone's crowd.
+    shared_rows = (
+        Judgment.objects.filter(project=project, item_id__in=item_ids)
+        .without_repeats()
+        .unflagged()
+        .values_list(
+            "annotator_id",
+            "external_rater",
+            "item_id",
+            "choice",
+            "ranking",
+            "source",
+            "time_spent_ms",
+            "created_at",
+            "server_time_ms",
+        )
     )
     crowd: dict[str, list[tuple[Rater, int, str]]] = defaultdict(list)
     pool_seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -951,16 +953,12 @@ def annotator_quality(
         choice,
         ranking,
         source,
-        flag,
         ms,
         created,
         server_ms,
     ) in shared_rows:
         ms = server_ms if server_ms is not None else ms
         if annotator_id in since and created <= since[annotator_id]:
-            continue
-        # Labels QC flagged (e.g. of a paused annotator) are no part of anyone's crowd.
-        if flag:
             continue
         rater = _rater_key(annotator_id, external)
         crowd[source].append((rater, item_id, _consensus_label(_label(choice, ranking))))
@@ -1203,14 +1201,11 @@ def disputed_item_ids(
     already have an adjudication are left out.
     """
     policy = policy or quality_policy_get(project=project)
-    judgments = Judgment.objects.filter(
-        project=project,
-        is_repeat=False,
-        is_gold=False,
-        item__is_gold=False,
-        qc_flag="",
-        source__in=policy.sources_for_review(),
-    ).exclude(item__adjudications__isnull=False)
+    judgments = (
+        Judgment.objects.filter(project=project)
+        .counted(policy.sources_for_review())
+        .exclude(item__adjudications__isnull=False)
+    )
     if item_ids is not None:
         judgments = judgments.filter(item_id__in=item_ids)
     labels: dict[int, list] = defaultdict(list)

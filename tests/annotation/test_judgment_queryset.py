@@ -54,11 +54,13 @@ def test_each_named_filter_leaves_out_exactly_its_labels(labels):
     assert mine.in_rounds(None).count() == len(by_name)
 
 
-def test_counted_votes_are_primary_unflagged_human_unless_sources_are_named(labels):
+def test_counted_votes_are_primary_unflagged_and_human_unless_sources_are_named(labels):
     project, by_name = labels
     mine = Judgment.objects.filter(project=project)
     assert names(mine.counted(), by_name) == {"human", "human_round2"}
-    assert names(mine.counted("ai", "human"), by_name) == {"human", "human_round2", "ai"}
+    assert names(mine.counted(["ai", "human"]), by_name) == {"human", "human_round2", "ai"}
+    assert names(mine.counted([]), by_name) == set()
+    assert names(mine.flagged(), by_name) == {"flagged"}
 
 
 def test_export_policy_takes_its_sources_rounds_and_flags(labels):
@@ -76,9 +78,9 @@ def test_loaded_rows_are_judged_as_the_queryset_judges_them(labels):
     project, _ = labels
     fields = ("id", "source", "is_repeat", "is_gold", "item__is_gold", "qc_flag")
     rows = Judgment.objects.filter(project=project).values(*fields)
-    for sources in ((), ("ai",), ("human", "simulated")):
-        counted = {row["id"] for row in rows if is_counted_row(row, *sources)}
+    for sources in ((), ("human",), ("ai",), ("human", "simulated")):
+        counted = {row["id"] for row in rows if is_counted_row(row, sources)}
         expected = set(
-            Judgment.objects.filter(project=project).counted(*sources).values_list("id", flat=True)
+            Judgment.objects.filter(project=project).counted(sources).values_list("id", flat=True)
         )
         assert counted == expected
