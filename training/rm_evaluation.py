@@ -1,7 +1,4 @@
-"""Score a reward model on an external preference file and print its metrics as JSON.
-
-    manage.py evaluate_rm --model-version 7 --file hh-test.jsonl.gz --format hh --save
-    manage.py evaluate_rm --path var/artifacts/run-3/final --file pairs.jsonl --limit 2000
+"""Evaluate a reward model on preference pairs: read them, score them, report the metrics.
 
 Rows are read like ``import_preferences`` reads them (HH-RLHF dialogues, or TRL
 ``prompt/chosen/rejected``, plain or conversational; ``.gz`` allowed) and scored with
@@ -10,13 +7,12 @@ training (same eos, truncation and chat template). TRL rows are scored in their 
 an HH dialogue is scored through the tokenizer's chat template when the model has one of its
 own (tiny GPT-2 RMs) and as the original plain dialogue otherwise (BERT-style encoders).
 
-Metrics (seed spec §5.4 / §9.1; ``evaluation.stats.rm_metrics``): pairwise accuracy with a
-bootstrap CI, Bradley-Terry NLL, ROC-AUC with the A/B order randomised (a chosen-first file
-has only positive labels), ECE with its reliability bins, a temperature fitted on one half of
-the prompts and judged on the other, the margin histogram, the reward's correlation with
-answer length, and the reward scale (mean/std) the model puts out on this file.
-``--save`` stores the report in ``ModelVersion.eval_results["rm_metrics"]``, which the
-dashboard's reward-model page plots.
+Metrics (``evaluation.stats.rm_metrics``): pairwise accuracy with a bootstrap CI,
+Bradley-Terry NLL, ROC-AUC with the A/B order randomised (a chosen-first file has only
+positive labels), ECE with its reliability bins, a temperature fitted on one half of the
+prompts and judged on the other, the margin histogram, the reward's correlation with answer
+length, and the reward scale (mean/std) the model puts out on these pairs.
+``manage.py evaluate_rm`` is the command-line front.
 """
 
 from __future__ import annotations
@@ -26,14 +22,11 @@ import hashlib
 import json
 import math
 import random
-import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
 from evaluation.stats import rm_metrics
 
@@ -290,92 +283,24 @@ def temperature_report(
     }
 
 
-class Command(BaseCommand):
-    help = (
-        "Score a reward model (--model-version ID or --path DIR) on a preference file "
-        "(--format hh or trl, .gz allowed) and print accuracy, NLL, ROC-AUC, ECE, temperature, "
-        "margins and length correlation as JSON; --save stores them on the model version."
+def reward_model_evaluate(
+    *,
+    model_dir: str | Path,
+    pairs: list[dict],
+    fmt: str,
+    render: str = "auto",
+    batch_size: int = 16,
+    seed: int = 0,
+) -> tuple[dict[str, Any], str]:
+    """Score ``pairs`` with the reward model in ``model_dir``; return its report and rendering."""
+    chosen, rejected, rendering = score_pairs(
+        str(model_dir), pairs, fmt=fmt, render=render, batch_size=batch_size
     )
+    return rm_report(pairs, chosen, rejected, seed=seed), rendering
 
-    def add_arguments(self, parser):
-        source = parser.add_mutually_exclusive_group(required=True)
-        source.add_argument("--model-version", type=int, help="Registered reward model id.")
-        source.add_argument("--path", help="Reward model folder (transformers format).")
-        parser.add_argument("--file", required=True, help="Preference JSONL (.gz allowed).")
-        parser.add_argument("--format", choices=FORMATS, default="trl")
-        parser.add_argument("--limit", type=int, default=None, help="Score a random N pairs.")
-        parser.add_argument("--seed", type=int, default=0, help="Sampling, A/B order, split.")
-        parser.add_argument(
-            "--render",
-            choices=RENDERS,
-            default="auto",
-            help="How dialogues become text: the model's own chat template when it has one "
-            "(auto), always the chat template, or the plain HH dialogue.",
-        )
-        parser.add_argument("--batch-size", type=int, default=16)
-        parser.add_argument(
-            "--save", action="store_true", help='Store in eval_results["rm_metrics"].'
-        )
 
-    def handle(self, *args, **options):
-        from training.models import ModelVersion
-
-        version = None
-        if options["model_version"] is not None:
-            version = ModelVersion.objects.filter(pk=options["model_version"]).first()
-            if version is None:
-                raise CommandError(f"no model version {options['model_version']}")
-            if version.kind != ModelVersion.Kind.REWARD:
-                raise CommandError(f"model version {version.pk} is a {version.kind} model")
-            model_dir = version.artifact_path
-        else:
-            model_dir = options["path"]
-            if options["save"]:
-                raise CommandError("--save needs --model-version (a folder has no registry row)")
-        if not Path(model_dir).is_dir():
-            raise CommandError(f"model folder not found: {model_dir}")
-        data = Path(options["file"])
-        if not data.is_file():
-            raise CommandError(f"no such file: {data}")
-        if options["limit"] is not None and options["limit"] < 2:
-            raise CommandError("--limit must be at least 2")
-
-        started = time.perf_counter()
-        pairs, summary = read_pairs(data, options["format"])
-        if options["limit"] is not None and len(pairs) > options["limit"]:
-            pairs = random.Random(options["seed"]).sample(pairs, options["limit"])
-        if len(pairs) < 2:
-            raise CommandError(
-                f"{len(pairs)} usable pair(s) in {data} "
-                f"(skipped: {summary['skipped_reasons'] or 'none'})"
-            )
-        chosen, rejected, rendering = score_pairs(
-            model_dir,
-            pairs,
-            fmt=options["format"],
-            render=options["render"],
-            batch_size=options["batch_size"],
-        )
-        report = {
-            "model": {
-                "id": version.pk if version else None,
-                "name": version.name if version else None,
-                "path": str(model_dir),
-            },
-            "data": {
-                "file": str(data),
-                "format": options["format"],
-                "limit": options["limit"],
-                "seed": options["seed"],
-                "rendering": rendering,
-                **summary,
-            },
-            **rm_report(pairs, chosen, rejected, seed=options["seed"]),
-            "evaluated_at": timezone.now().isoformat(),
-            "seconds": round(time.perf_counter() - started, 2),
-        }
-        if options["save"]:
-            version.refresh_from_db(fields=["eval_results"])
-            version.eval_results = {**version.eval_results, "rm_metrics": report}
-            version.save(update_fields=["eval_results"])
-        self.stdout.write(json.dumps(report, indent=2))
+def reward_model_evaluation_save(*, version, report: dict[str, Any]) -> None:
+    """Store ``report`` as the model version's ``eval_results["rm_metrics"]``, keeping the rest."""
+    version.refresh_from_db(fields=["eval_results"])
+    version.eval_results = {**version.eval_results, "rm_metrics": report}
+    version.save(update_fields=["eval_results"])
