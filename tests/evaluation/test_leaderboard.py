@@ -1,4 +1,4 @@
-"""Bradley-Terry leaderboard checked against choix, Chatbot Arena's fit and hand examples."""
+"""Bradley-Terry leaderboard checked against choix, Chatbot Arena's fits and hand examples."""
 
 import importlib.util
 import math
@@ -51,12 +51,76 @@ def simulate(n_battles, strengths, seed=0, tie_rate=0.0, both_bad_rate=0.0):
 
 
 def load_bench():
-    """Import benchmarks/leaderboard_bench.py, which holds the Arena reimplementation."""
+    """Import benchmarks/leaderboard_bench.py, which holds the battle simulator."""
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "leaderboard_bench.py"
     spec = importlib.util.spec_from_file_location("leaderboard_bench", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def arena_mle_elo(model_a, model_b, winner):
+    """Fit ratings as Chatbot Arena's notebook did: logistic regression on pivot-table counts."""
+    import pandas as pd
+    from sklearn.linear_model import LogisticRegression
+
+    df = pd.DataFrame({"model_a": model_a, "model_b": model_b, "winner": winner})
+
+    def pivot(frame):
+        return pd.pivot_table(
+            frame, index="model_a", columns="model_b", aggfunc="size", fill_value=0
+        )
+
+    ties = pivot(df[df["winner"].isin(["tie", "tie (bothbad)"])])
+    # one decisive vote = two wins, one tie = one win each way
+    wins = pivot(df[df["winner"] == "model_a"]) * 2 + pivot(df[df["winner"] == "model_b"]).T * 2
+    wins = wins + ties + ties.T
+    models = list(wins.index)
+    features, labels, weights = [], [], []
+    for i, m_a in enumerate(models):
+        for j, m_b in enumerate(models):
+            if i == j:
+                continue
+            row = np.zeros(len(models))
+            row[i], row[j] = LN10, -LN10
+            features += [row, row]
+            labels += [1.0, 0.0]
+            weights += [wins.loc[m_a, m_b], wins.loc[m_b, m_a]]
+    # sklearn >= 1.8 spells "no penalty" as C=inf
+    fit = LogisticRegression(fit_intercept=False, C=np.inf, tol=1e-6)
+    fit.fit(np.array(features), np.array(labels), sample_weight=weights)
+    return dict(zip(models, 400 * fit.coef_[0] + 1000, strict=True))
+
+
+def arena_bootstrap_bt(model_a, model_b, winner, num_round, seed):
+    """Bootstrap as FastChat's compute_bootstrap_bt: multinomial counts, one L-BFGS fit each."""
+    from scipy.optimize import minimize
+    from scipy.special import expit
+
+    models = list(dict.fromkeys([*model_a, *model_b]))
+    index = {m: k for k, m in enumerate(models)}
+    score = {"model_a": 2, "model_b": 0}
+    rows = [
+        (index[a], index[b], score.get(w, 1))
+        for a, b, w in zip(model_a, model_b, winner, strict=True)
+    ]
+    unique, counts = np.unique(np.array(rows), return_counts=True, axis=0)
+    matchups, outcomes = unique[:, :2], unique[:, 2] / 2.0
+
+    def loss_and_grad(ratings, weights):
+        p = expit(LN10 * (ratings[matchups[:, 0]] - ratings[matchups[:, 1]]))
+        loss = -((np.log(p) * outcomes + np.log(1 - p) * (1 - outcomes)) * weights).sum()
+        grad = np.zeros_like(ratings)
+        np.add.at(grad, matchups, (-LN10 * (outcomes - p) * weights)[:, None] * [1.0, -1.0])
+        return loss, grad
+
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(len(model_a), counts / counts.sum(), size=num_round)
+    start = np.zeros(len(models))
+    fits = [
+        minimize(loss_and_grad, start, (w / len(model_a),), "L-BFGS-B", jac=True).x for w in draws
+    ]
+    return np.array(fits) * 400 + 1000, models
 
 
 class TestAgainstChoix:
@@ -103,27 +167,23 @@ class TestAgainstChoix:
 
 
 class TestAgainstArena:
-    def test_matches_arena_compute_mle_elo_within_a_tenth_of_a_point(self):
+    def test_matches_arena_logistic_regression_within_a_tenth_of_a_point(self):
         pytest.importorskip("sklearn")
-        pytest.importorskip("pandas")
-        bench = load_bench()
-        battles, _ = bench.simulate_battles(60_000, 12, seed=3)
-        arena = bench.arena_compute_mle_elo(battles)
+        model_a, model_b, winner, _ = load_bench().simulate_battles(60_000, 12, seed=3)
+        arena = arena_mle_elo(model_a, model_b, winner)
         ours = leaderboard(
-            list(battles.itertuples(index=False, name=None)),
+            list(zip(model_a, model_b, winner, strict=True)),
             n_boot=0,
             ties="half",
             both_bad="tie",
         ).as_dict()
-        assert max(abs(ours[m] - arena[m]) for m in arena.index) <= 0.1
+        assert max(abs(ours[m] - arena[m]) for m in arena) <= 0.1
 
     def test_matches_arena_multinomial_bootstrap_spread(self):
-        bench = load_bench()
-        pytest.importorskip("pandas")
-        battles, _ = bench.simulate_battles(30_000, 6, seed=4)
-        arena, models = bench.arena_bootstrap_bt(battles, 200, processes=1, seed=5)
+        model_a, model_b, winner, _ = load_bench().simulate_battles(30_000, 6, seed=4)
+        arena, models = arena_bootstrap_bt(model_a, model_b, winner, 200, seed=5)
         ours = leaderboard(
-            list(battles.itertuples(index=False, name=None)),
+            pair_counts(model_a=model_a, model_b=model_b, outcome=winner),
             n_boot=200,
             seed=6,
             ties="half",
