@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from annotation import selectors, services
+from annotation import errors, selectors, services
 from annotation.apis_imports import ImportJobOutput, declared_upload_too_large, import_now_or_queue
 from annotation.importers import items_import
 from annotation.models import Membership, Project, Round, TaskKind
@@ -29,7 +29,7 @@ class ServiceUnavailable(APIException):
 
 def exception_handler(exc, context):
     """Turn service errors into 4xx JSON and lost database connections into a retryable 503."""
-    if isinstance(exc, services.ServiceError):
+    if isinstance(exc, errors.ServiceError):
         body = {"detail": exc.message, "code": exc.code}
         if getattr(exc, "field", ""):  # e.g. training.config_policy names the refused field
             body["field"] = exc.field

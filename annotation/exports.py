@@ -81,6 +81,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from annotation.dedup import DedupTracker, MinHasher, preview
+from annotation.errors import ServiceError
 from annotation.importers_pref import render_hh
 from annotation.models import (
     DatasetVersion,
@@ -90,7 +91,6 @@ from annotation.models import (
     Project,
     Prompt,
 )
-from annotation.services import ServiceError
 from evaluation.stats import aggregation
 from training.trainers.data import MANIFEST, SPLITS, data_hash
 

@@ -21,10 +21,10 @@ from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
+from annotation.errors import ServiceError
 from annotation.importers import ImportFailed, ImportTooLarge, items_import
 from annotation.importers_pref import preferences_import
 from annotation.models import ImportJob, Project, Round
-from annotation.services import ServiceError
 
 PROGRESS_EVERY_SECONDS = 0.5
 # A running job whose row was not touched for this long lost its worker; it may run again.

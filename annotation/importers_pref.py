@@ -427,7 +427,8 @@ def preferences_import(
     report.dedup = tracker.report()
     del tracker, seen_ids
 
-    from annotation.services import Conflict, round_close, round_create
+    from annotation.errors import Conflict
+    from annotation.services import round_close, round_create
 
     key_prefix = f"import:{report.batch}:"
     if Judgment.objects.filter(project=project, idempotency_key__startswith=key_prefix).exists():

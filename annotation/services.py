@@ -28,6 +28,7 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from annotation import sql
+from annotation.errors import Conflict, Forbidden, NotFound, ServiceError, SkipBudgetSpent
 from annotation.models import (
     Assignment,
     Choice,
@@ -50,43 +51,6 @@ EXPIRY_BATCH = 100
 # (60 ms at 20k items against 0.1 ms), and a window this wide already keeps concurrent
 # annotators apart.
 SHUFFLE_WINDOW = 64
-
-
-class ServiceError(Exception):
-    """A request that cannot be carried out; `status` is the HTTP status to answer with."""
-
-    status = 400
-    code = "invalid"
-
-    def __init__(self, message: str, *, code: str | None = None, status: int | None = None):
-        super().__init__(message)
-        self.message = message
-        if code:
-            self.code = code
-        if status:
-            self.status = status
-
-
-class NotFound(ServiceError):
-    status = 404
-    code = "not_found"
-
-
-class Forbidden(ServiceError):
-    status = 403
-    code = "forbidden"
-
-
-class Conflict(ServiceError):
-    status = 409
-    code = "conflict"
-
-
-class SkipBudgetSpent(Forbidden):
-    """The annotator skipped more than the project allows; a researcher's resume lifts it."""
-
-    status = 429
-    code = "skip_budget"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_POST
 from markdown_it import MarkdownIt
 
-from annotation import selectors, services
+from annotation import errors, selectors, services
 from annotation.models import Assignment, Membership, Project, TaskKind
 from annotation.web_selectors import annotator_project_list, membership_pause_notice
 
@@ -164,9 +164,9 @@ def _task_context(*, request: HttpRequest, membership: Membership) -> dict:
     }
     try:
         assignment = services.assignment_next(project_id=project.pk, user=request.user)
-    except services.NotFound:
+    except errors.NotFound:
         raise Http404("No such project.") from None
-    except services.ServiceError as exc:
+    except errors.ServiceError as exc:
         # Paused by QC, or too many skips (429 skip_budget): say why in place of the item.
         if exc.code == "paused":
             membership.refresh_from_db(fields=["status", "status_reason"])
@@ -226,11 +226,11 @@ def task_skip(request: HttpRequest, project_id: int, assignment_id: int) -> Http
     skip_error = ""
     try:
         services.assignment_skip(assignment_id=assignment_id, user=request.user, reason=reason)
-    except services.NotFound:
+    except errors.NotFound:
         raise Http404("No such assignment.") from None
-    except services.Conflict:
+    except errors.Conflict:
         pass  # Already submitted or expired: there is nothing to skip, move on.
-    except services.ServiceError as exc:
+    except errors.ServiceError as exc:
         skip_error = exc.message
     if not _is_htmx(request):
         return redirect("annotate-task", project_id=project_id)

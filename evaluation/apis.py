@@ -14,6 +14,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from annotation import errors
 from annotation.models import Membership, Round
 from annotation.pagination import paginate
 from evaluation import selectors, services
@@ -114,7 +115,7 @@ class AnnotatorAssessmentListApi(APIView):
         project = services.project_for_manager(project_id=project_id, user=request.user)
         # Someone who never joined the project is not named here (as resume answers).
         if not Membership.objects.filter(project=project, user_id=user_id).exists():
-            raise services.NotFound("No such annotator in this project.")
+            raise errors.NotFound("No such annotator in this project.")
         rows = selectors.annotator_assessments(project=project, annotator_id=user_id)
         return Response(AssessmentOutput(rows, many=True).data)
 
@@ -222,7 +223,7 @@ def _int(value) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise services.ServiceError("Expected a whole number.", code="invalid") from None
+        raise errors.ServiceError("Expected a whole number.", code="invalid") from None
 
 
 def _policy_json(policy) -> dict:

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from annotation import services as annotation_services
+from annotation.errors import Forbidden, NotFound, ServiceError
 from annotation.models import (
     Adjudication,
     Assignment,
@@ -34,7 +35,6 @@ from annotation.models import (
     TaskKind,
 )
 from annotation.selectors import user_can_manage, user_can_review
-from annotation.services import Forbidden, NotFound, ServiceError
 from evaluation import selectors
 from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
 from evaluation.stats.quality import PAUSE, assess_annotator

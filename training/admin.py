@@ -2,7 +2,7 @@
 
 from django.contrib import admin, messages
 
-from annotation.services import ServiceError
+from annotation.errors import ServiceError
 from training import services
 from training.models import ModelVersion, TrainingRun
 

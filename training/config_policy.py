@@ -25,7 +25,7 @@ from typing import Any
 
 from django.conf import settings
 
-from annotation.services import NotFound, ServiceError
+from annotation.errors import NotFound, ServiceError
 
 # Path field of the recipe configs -> the id field a non-staff caller gives instead.
 MODEL_ID_FIELDS = {

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from annotation.services import Conflict, NotFound
+from annotation.errors import Conflict, NotFound
 from training import config_policy, processes
 from training.config_policy import InvalidTrainingConfig
 from training.models import ModelVersion, Recipe, TrainingRun

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from annotation.errors import Conflict
 from annotation.importers import ImportFailed
 from annotation.importers_pref import (
     preferences_import,
@@ -15,7 +16,6 @@ from annotation.importers_pref import (
     split_hh_pair,
 )
 from annotation.models import Item, ItemCandidate, Judgment, Prompt, Round, TaskKind
-from annotation.services import Conflict
 from tests.factories import make_project
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from annotation import services
+from annotation import errors, services
 from annotation.models import Assignment, Item, Judgment, Membership, Round, TaskKind
 from annotation.selectors import assignment_payload
 from tests.factories import add_member, make_items, make_project, make_user
@@ -95,9 +95,9 @@ def test_ranking_is_mapped_back_and_ties_follow_the_project():
     project, (user, *_) = _project(task_kind=TaskKind.RANKING, k=4, allow_tie=False)
     make_items(project, 1)
     a = services.assignment_next(project_id=project.pk, user=user)
-    with pytest.raises(services.ServiceError, match="tied"):
+    with pytest.raises(errors.ServiceError, match="tied"):
         services.judgment_submit(assignment_id=a.pk, user=user, ranking=[1, 1, 2, 3])
-    with pytest.raises(services.ServiceError, match="1 to 4"):
+    with pytest.raises(errors.ServiceError, match="1 to 4"):
         services.judgment_submit(assignment_id=a.pk, user=user, ranking=[1, 2, 3, 5])
     shown = [2, 1, 4, 3]
     j = services.judgment_submit(assignment_id=a.pk, user=user, ranking=shown).judgment
@@ -110,7 +110,7 @@ def test_tied_ranks_are_dense_when_the_project_allows_ties():
     project, (user, *_) = _project(task_kind=TaskKind.RANKING, k=4, allow_tie=True)
     make_items(project, 1)
     a = services.assignment_next(project_id=project.pk, user=user)
-    with pytest.raises(services.ServiceError, match="no gaps"):
+    with pytest.raises(errors.ServiceError, match="no gaps"):
         services.judgment_submit(assignment_id=a.pk, user=user, ranking=[1, 3, 3, 4])
     j = services.judgment_submit(assignment_id=a.pk, user=user, ranking=[1, 2, 2, 3]).judgment
     assert sorted(j.ranking) == [1, 2, 2, 3]
@@ -129,7 +129,7 @@ def test_disabled_options_are_rejected_and_nothing_is_written():
         {"choice": "A", "rationale": "because"},
         {"ranking": [1, 2]},
     ):
-        with pytest.raises(services.ServiceError):
+        with pytest.raises(errors.ServiceError):
             services.judgment_submit(assignment_id=a.pk, user=user, **kwargs)
     assert Judgment.objects.count() == 0
     assert Assignment.objects.get(pk=a.pk).status == Assignment.Status.LEASED
@@ -149,11 +149,11 @@ def test_submit_is_idempotent_by_key():
     assert Judgment.objects.count() == 1
     assert Item.objects.get(pk=a.item_id).n_done == 1
     b = services.assignment_next(project_id=project.pk, user=user)
-    with pytest.raises(services.Conflict, match="another assignment"):
+    with pytest.raises(errors.Conflict, match="another assignment"):
         services.judgment_submit(assignment_id=b.pk, user=user, choice="A", idempotency_key="k1")
     b.refresh_from_db()
     assert b.status == Assignment.Status.LEASED and Judgment.objects.count() == 1
-    with pytest.raises(services.Conflict, match="already submitted"):
+    with pytest.raises(errors.Conflict, match="already submitted"):
         services.judgment_submit(assignment_id=a.pk, user=user, choice="A", idempotency_key="k2")
 
 
@@ -161,9 +161,9 @@ def test_foreign_assignment_is_not_found():
     project, (alice, bob, *_) = _project()
     make_items(project, 1)
     a = services.assignment_next(project_id=project.pk, user=alice)
-    with pytest.raises(services.NotFound):
+    with pytest.raises(errors.NotFound):
         services.judgment_submit(assignment_id=a.pk, user=bob, choice="A")
-    with pytest.raises(services.NotFound):
+    with pytest.raises(errors.NotFound):
         services.assignment_heartbeat(assignment_id=a.pk, user=bob)
     assert Judgment.objects.count() == 0
 
@@ -177,7 +177,7 @@ def test_expired_lease_is_rejected_and_the_item_goes_back():
     b = services.assignment_next(project_id=project.pk, user=bob)
     assert b is not None and b.item_id == a.item_id
     assert Assignment.objects.get(pk=a.pk).status == Assignment.Status.EXPIRED
-    with pytest.raises(services.Conflict, match="expired"):
+    with pytest.raises(errors.Conflict, match="expired"):
         services.judgment_submit(assignment_id=a.pk, user=alice, choice="A")
     services.judgment_submit(assignment_id=b.pk, user=bob, choice="A")
     assert Item.objects.get(pk=a.item_id).n_taken == 1
@@ -197,7 +197,7 @@ def test_skip_gives_the_item_to_someone_else_but_not_back():
     project, (alice, bob, *_) = _project(overlap=1)
     make_items(project, 1)
     a = services.assignment_next(project_id=project.pk, user=alice)
-    with pytest.raises(services.ServiceError):
+    with pytest.raises(errors.ServiceError):
         services.assignment_skip(assignment_id=a.pk, user=alice, reason="  ")
     services.assignment_skip(assignment_id=a.pk, user=alice, reason="not my language")
     services.assignment_skip(assignment_id=a.pk, user=alice, reason="not my language")
@@ -244,14 +244,14 @@ def test_paused_annotator_is_not_served():
     project, (user, *_) = _project()
     make_items(project, 2)
     Membership.objects.filter(user=user).update(status=Membership.Status.PAUSED)
-    with pytest.raises(services.Forbidden):
+    with pytest.raises(errors.Forbidden):
         services.assignment_next(project_id=project.pk, user=user)
 
 
 def test_non_member_gets_not_found_and_closed_rounds_are_not_served():
     project, (user, *_) = _project()
     make_items(project, 2)
-    with pytest.raises(services.NotFound):
+    with pytest.raises(errors.NotFound):
         services.assignment_next(project_id=project.pk, user=make_user())
     Round.objects.update(status=Round.Status.CLOSED)
     assert services.assignment_next(project_id=project.pk, user=user) is None

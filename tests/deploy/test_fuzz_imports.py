@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
+from annotation.errors import Conflict
 from annotation.importers import ImportFailed, ImportReport, items_import
 from annotation.importers_pref import FORMATS, PreferenceImportReport, preferences_import
 from annotation.models import (
@@ -36,7 +37,6 @@ from annotation.models import (
     Round,
     TaskKind,
 )
-from annotation.services import Conflict
 from tests.factories import add_member, make_project, make_user
 
 pytestmark = pytest.mark.django_db

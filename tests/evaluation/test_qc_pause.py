@@ -9,8 +9,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
+from annotation.errors import ServiceError
 from annotation.models import Assignment, Item, Judgment, Membership, TaskKind
-from annotation.services import ServiceError
 from evaluation import services, tasks
 from evaluation.models import AnnotatorAssessment, QualityPolicy
 from tests.factories import add_member, make_items, make_project, make_user

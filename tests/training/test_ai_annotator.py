@@ -3,6 +3,7 @@
 import pytest
 from django.core.management import CommandError, call_command
 
+from annotation.errors import ServiceError
 from annotation.exports import dataset_version_export
 from annotation.importers import content_hash
 from annotation.models import (
@@ -15,7 +16,6 @@ from annotation.models import (
     Prompt,
     Round,
 )
-from annotation.services import ServiceError
 from annotation.simulation import model_judge
 from evaluation.selectors import project_agreement
 from training.models import ModelVersion

@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 
-from annotation.services import Conflict
+from annotation.errors import Conflict
 from tests.factories import make_project
 from tests.training import test_runs_support as support
 from tests.training.test_runs_support import make_dataset_version, reward_config, wait_for

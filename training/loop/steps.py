@@ -204,7 +204,7 @@ def _dataset(round_: Round, settings: LoopSettings, key: str):
                 "hf": False,
             },
         )
-    from annotation.services import ServiceError
+    from annotation.errors import ServiceError
 
     try:
         version = dataset_version_build(dataset_version_id=existing.pk)

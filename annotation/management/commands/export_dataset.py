@@ -8,9 +8,9 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from annotation import exports, tasks
+from annotation.errors import ServiceError
 from annotation.management.commands.import_items import project_from_arg
 from annotation.models import Judgment
-from annotation.services import ServiceError
 
 
 def _split(value: str) -> dict:

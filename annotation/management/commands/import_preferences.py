@@ -7,11 +7,11 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
+from annotation.errors import ServiceError
 from annotation.importers import ImportFailed, ImportTooLarge
 from annotation.importers_pref import FORMATS, preferences_import
 from annotation.management.commands.import_items import open_input, print_errors, project_from_arg
 from annotation.models import Round
-from annotation.services import ServiceError
 
 
 class Command(BaseCommand):

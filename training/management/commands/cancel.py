@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from annotation.services import ServiceError
+from annotation.errors import ServiceError
 from training import services
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from annotation.errors import ServiceError
 from annotation.models import DatasetVersion, Project
-from annotation.services import ServiceError
 from training import services
 from training.management.commands._progress import run_sync
 from training.models import ModelVersion, Recipe
