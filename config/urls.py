@@ -18,6 +18,6 @@ urlpatterns = [
     path("api/training/", include("training.urls")),
     path("api/qc/", include("evaluation.urls")),
     path("api/", include("annotation.urls")),
-    path("dashboard/", include("evaluation.dashboard_urls")),
+    path("dashboard/", include("config.console.dashboard.urls")),
     path("", include("annotation.web_urls")),
 ]

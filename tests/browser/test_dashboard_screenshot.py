@@ -1,6 +1,6 @@
 """The evaluation dashboard in real headless Chromium: every chart drawn, no CSP violation.
 
-Builds the realistic world of tests/evaluation/test_dashboard.py (three policies over three
+Builds the realistic world of tests/console/test_dashboard.py (three policies over three
 rounds labelled by five annotators, a reward model with stored evaluate_rm metrics, a PPO
 run whose KL explodes), logs in as the project's researcher and saves a full-page screenshot
 of each section to test-artifacts/screenshots/dashboard-*.png.
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser.conftest import CHROMIUM, login, screenshot
-from tests.evaluation.test_dashboard import build_evaluation_world
+from tests.console.test_dashboard import build_evaluation_world
 
 pytestmark = [
     pytest.mark.browser,

@@ -19,7 +19,8 @@ from rest_framework.test import APIClient
 
 from annotation.models import Assignment, DatasetVersion, Judgment, Membership, Project, Round
 from annotation.pagination import MAX_PAGE_SIZE
-from evaluation import dashboard_selectors as ds
+from config.console.dashboard.csv_export import FORMULA_START
+from config.console.dashboard.panel import Panel
 from evaluation.apis import MAX_BOOT
 from tests.factories import add_member, make_items, make_project, make_user
 from training.models import ModelVersion, TrainingRun
@@ -188,7 +189,7 @@ def test_live_agreement_is_served_from_the_cache_until_a_label_arrives(labelled)
 
 
 def test_panel_csv_escapes_formula_text_and_keeps_numbers():
-    panel = ds.Panel(
+    panel = Panel(
         key="t",
         title="t",
         columns=["=name", "value"],
@@ -228,4 +229,4 @@ def test_dashboard_csv_download_escapes_a_formula_in_a_project_name(client):
     rows = list(csv.reader(io.StringIO(response.content.decode())))
     row = next(r for r in rows[1:] if r[0] == str(project.pk))
     assert row[1] == "'=cmd|' /C calc'!A0"
-    assert all(not cell.startswith(ds.FORMULA_START) for r in rows for cell in r)
+    assert all(not cell.startswith(FORMULA_START) for r in rows for cell in r)

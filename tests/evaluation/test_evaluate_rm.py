@@ -10,7 +10,7 @@ import random
 import pytest
 from django.core.management import CommandError, call_command
 
-from evaluation import dashboard_selectors as ds
+from config.console.dashboard.tabs import reward_models as reward_tab
 from training.models import ModelVersion
 
 METRIC_KEYS = {
@@ -177,10 +177,10 @@ def test_save_stores_the_report_for_the_dashboard(reward_dir, tmp_path):
     version.refresh_from_db()
     assert version.eval_results["eval_accuracy"] == 0.8  # kept
     assert version.eval_results["rm_metrics"] == report
-    calibration = ds.calibration_panel(version)
+    calibration = reward_tab.calibration_panel(version)
     assert calibration.status == "ok"
     assert sum(row[5] for row in calibration.rows) == 2 * report["temperature"]["test_pairs"]
-    table = ds.reward_model_table_panel([version])
+    table = reward_tab.reward_model_table_panel([version])
     assert table.rows[0][4] == report["accuracy"]
 
 

@@ -3,8 +3,8 @@
 Who may look: staff see every project; a project's researchers see that project. Other
 members of the project (annotators, reviewers) get 403, everyone else 404, anonymous users
 the login page. Charts get their data through ``json_script`` (a JSON data block, allowed by
-the CSP) and are drawn by ``static/dashboard/dashboard.js``; ``?format=csv&chart=<key>`` on
-any page returns the numbers of one of its charts.
+the CSP) and are drawn by the ES modules in ``static/dashboard/``; ``?format=csv&chart=<key>``
+on any page returns the numbers of one of its charts.
 """
 
 from __future__ import annotations
@@ -16,12 +16,19 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET
 
 from annotation.models import Membership, Project, Round
 from annotation.selectors import user_can_manage
-from evaluation import dashboard_selectors as ds
+from config.console.dashboard import data as loading
+from config.console.dashboard.csv_export import csv_response
+from config.console.dashboard.data import ProjectData
+from config.console.dashboard.panel import Panel
+from config.console.dashboard.specs import spec_json
+from config.console.dashboard.tabs import home as home_tab
+from config.console.dashboard.tabs import labels, models, reward_models, training
 from training.models import ModelVersion, TrainingRun
 from training.selectors import training_run_get
 
@@ -32,7 +39,7 @@ TABS = (
     ("training", "Training", "dashboard:training"),
 )
 
-Builders = dict[str, Callable[[], "ds.Panel | None"]]
+Builders = dict[str, Callable[[], Panel | None]]
 
 
 def _project_for(request: HttpRequest, project_id: int) -> Project:
@@ -52,12 +59,6 @@ def _int_param(request: HttpRequest, name: str) -> int | None:
         return None
 
 
-def _csv_response(panel: ds.Panel, filename: str) -> HttpResponse:
-    response = HttpResponse(panel.as_csv(), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{filename}.csv"'
-    return response
-
-
 def _page(
     request: HttpRequest,
     *,
@@ -70,11 +71,11 @@ def _page(
     if request.GET.get("format") == "csv":
         builder = builders.get(request.GET.get("chart", ""))
         panel = builder() if builder else None
-        if panel is None or panel.status == "unavailable":
+        if panel is None:
             raise Http404("No such chart on this page.")
-        return _csv_response(panel, f"{csv_prefix}-{panel.key}")
+        return csv_response(panel.columns, panel.rows, f"{csv_prefix}-{panel.key}")
     panels = [panel for panel in (build() for build in builders.values()) if panel is not None]
-    charts = {p.key: ds.finite(p.chart) for p in panels if p.chart and p.has_data}
+    charts = {p.key: spec_json(p.chart) for p in panels if p.chart and p.has_data}
     query = request.GET.copy()
     query.pop("format", None)
     query.pop("chart", None)
@@ -87,8 +88,6 @@ def _page(
 
 
 def _tabs(project: Project, active: str) -> list[dict]:
-    from django.urls import reverse
-
     return [
         {
             "key": key,
@@ -104,10 +103,10 @@ def _tabs(project: Project, active: str) -> list[dict]:
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     """List the projects whose dashboard the user may read."""
-    projects = ds.dashboard_projects(user=request.user)
+    projects = loading.dashboard_projects(user=request.user)
     if not projects and not request.user.is_staff:
         raise PermissionDenied("The dashboard is for researchers and staff.")
-    overview = cache(lambda: ds.project_overview_panel(projects=projects))
+    overview = cache(lambda: home_tab.project_overview_panel(projects=projects))
     keys = [column.replace(" ", "_") for column in overview().columns]
     rows = {row[0]: row for row in overview().rows}
     cards = [{"project": p, "stats": dict(zip(keys, rows[p.pk], strict=True))} for p in projects]
@@ -128,15 +127,15 @@ def project_labels(request: HttpRequest, project_id: int) -> HttpResponse:
     rounds = list(Round.objects.filter(project=project).order_by("number"))
     number = _int_param(request, "round")
     selected = next((r for r in rounds if r.number == number), None)
-    data = ds.ProjectData(project, round_=selected)
+    data = ProjectData(project, round_=selected)
     builders: Builders = {
-        "progress": lambda: ds.round_progress_panel(data),
-        "labels": lambda: ds.label_distribution_panel(data),
-        "position-bias": lambda: ds.position_bias_panel(data),
-        "agreement": lambda: ds.agreement_panel(data),
-        "consensus": lambda: ds.annotator_agreement_panel(data),
-        "annotators": lambda: ds.annotator_quality_panel(data),
-        "disagreements": lambda: ds.disagreement_panel(data),
+        "progress": lambda: labels.round_progress_panel(data),
+        "labels": lambda: labels.label_distribution_panel(data),
+        "position-bias": lambda: labels.position_bias_panel(data),
+        "agreement": lambda: labels.agreement_panel(data),
+        "consensus": lambda: labels.annotator_agreement_panel(data),
+        "annotators": lambda: labels.annotator_quality_panel(data),
+        "disagreements": lambda: labels.disagreement_panel(data),
     }
     return _page(
         request,
@@ -158,13 +157,13 @@ def project_labels(request: HttpRequest, project_id: int) -> HttpResponse:
 def project_models(request: HttpRequest, project_id: int) -> HttpResponse:
     """Model comparison: leaderboard, battles, win rates, true reward, samples."""
     project = _project_for(request, project_id)
-    data = ds.ProjectData(project)
+    data = ProjectData(project)
     builders: Builders = {
-        "leaderboard": lambda: ds.leaderboard_panel(data),
-        "winrates": lambda: ds.win_rate_panel(data),
-        "true-reward": lambda: ds.true_reward_panel(data),
-        "battles": lambda: ds.battle_counts_panel(data),
-        "samples": lambda: ds.samples_panel(data),
+        "leaderboard": lambda: models.leaderboard_panel(data),
+        "winrates": lambda: models.win_rate_panel(data),
+        "true-reward": lambda: models.true_reward_panel(data),
+        "battles": lambda: models.battle_counts_panel(data),
+        "samples": lambda: models.samples_panel(data),
     }
     return _page(
         request,
@@ -184,18 +183,18 @@ def project_models(request: HttpRequest, project_id: int) -> HttpResponse:
 def project_reward_models(request: HttpRequest, project_id: int) -> HttpResponse:
     """Reward models: stored metrics of each, calibration and margins of the selected one."""
     project = _project_for(request, project_id)
-    data = ds.ProjectData(project)
-    versions = ds.reward_models(data)
+    data = ProjectData(project)
+    versions = data.reward_models
     wanted = _int_param(request, "rm")
     selected = next((v for v in versions if v.pk == wanted), None)
     if selected is None:
         evaluated = [v for v in versions if (v.eval_results or {}).get("rm_metrics")]
         selected = (evaluated or versions or [None])[-1]
-    builders: Builders = {"reward-models": lambda: ds.reward_model_table_panel(versions)}
+    builders: Builders = {"reward-models": lambda: reward_models.reward_model_table_panel(versions)}
     if selected is not None:
-        builders["calibration"] = lambda: ds.calibration_panel(selected)
-        builders["margins"] = lambda: ds.margin_panel(selected)
-    builders["agreement"] = cache(lambda: _agreement_context(data))
+        builders["calibration"] = lambda: reward_models.calibration_panel(selected)
+        builders["margins"] = lambda: reward_models.margin_panel(selected)
+    builders["agreement"] = cache(lambda: reward_models.human_agreement_context_panel(data))
     return _page(
         request,
         builders=builders,
@@ -210,28 +209,16 @@ def project_reward_models(request: HttpRequest, project_id: int) -> HttpResponse
     )
 
 
-def _agreement_context(data: ds.ProjectData) -> ds.Panel:
-    panel = ds.agreement_panel(data)
-    panel.title = "Human-human agreement (context for RM accuracy)"
-    panel.extra = {}
-    panel.note = (
-        "Annotators disagree too; RM accuracy is read against this, not against 100% "
-        "(seed spec §9.1)."
-    )
-    return panel
-
-
 @require_GET
 @login_required
 def project_training(request: HttpRequest, project_id: int) -> HttpResponse:
     """Training runs of the project and the curves of the selected one."""
     project = _project_for(request, project_id)
-    data = ds.ProjectData(project)
-    runs = ds.project_runs(data)
+    runs = ProjectData(project).runs
     wanted = _int_param(request, "run")
     selected = next((r for r in runs if r.pk == wanted), None)
     if selected is None:
-        selected = next((r for r in runs if ds.read_metrics(r)), runs[0] if runs else None)
+        selected = next((r for r in runs if loading.read_metrics(r)), runs[0] if runs else None)
     return _page(
         request,
         builders=_run_builders(selected, runs),
@@ -247,9 +234,9 @@ def project_training(request: HttpRequest, project_id: int) -> HttpResponse:
 
 
 def _run_builders(run: TrainingRun | None, runs: list[TrainingRun]) -> Builders:
-    builders: Builders = {"runs": lambda: ds.runs_panel(runs)}
+    builders: Builders = {"runs": lambda: training.runs_panel(runs)}
     if run is not None:
-        both = cache(lambda: ds.curves_panel(run))
+        both = cache(lambda: training.curves_panel(run))
         builders["alarms"] = lambda: both()[1]
         builders["curves"] = lambda: both()[0]
     return builders

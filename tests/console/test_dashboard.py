@@ -36,10 +36,18 @@ from annotation.models import (
     Prompt,
     Round,
 )
-from evaluation import dashboard_selectors as ds
-from evaluation.management.commands.evaluate_rm import rm_report
+from config.console.dashboard import data as loading
+from config.console.dashboard.panel import Panel
+from config.console.dashboard.specs import finite
+from config.console.dashboard.tabs import home as home_tab
+from config.console.dashboard.tabs import labels as labels_tab
+from config.console.dashboard.tabs import models as models_tab
+from config.console.dashboard.tabs import reward_models as reward_tab
+from config.console.dashboard.tabs import training as training_tab
+from evaluation.services import qc_check_project
 from tests.factories import add_member, make_project, make_user
 from training.models import ModelVersion, TrainingRun
+from training.rm_evaluation import rm_report
 
 pytestmark = pytest.mark.django_db
 
@@ -259,12 +267,7 @@ def build_evaluation_world(tmp_path: Path, *, items_per_round: int = 16, seed: i
     Judgment.objects.filter(project=w.project, created_at__isnull=False).update(
         created_at=timezone.now() - timedelta(hours=1)
     )
-    try:
-        from evaluation.services import qc_check_project
-
-        qc_check_project(project=w.project, pause=False, agreement=False)
-    except ImportError:  # the QC layer is optional for the dashboard
-        pass
+    qc_check_project(project=w.project, pause=False, agreement=False)
     return w
 
 
@@ -392,32 +395,32 @@ def _csv(response) -> list[list[str]]:
     return list(csv.reader(io.StringIO(response.content.decode())))
 
 
-def _expected_panels(w) -> dict[str, dict[str, ds.Panel]]:
-    data = ds.ProjectData(w.project)
-    runs = ds.project_runs(data)
-    curves, alarms = ds.curves_panel(w.run)
+def _expected_panels(w) -> dict[str, dict[str, Panel]]:
+    data = loading.ProjectData(w.project)
+    runs = data.runs
+    curves, alarms = training_tab.curves_panel(w.run)
     return {
         "project": {
-            "progress": ds.round_progress_panel(data),
-            "labels": ds.label_distribution_panel(data),
-            "position-bias": ds.position_bias_panel(data),
-            "agreement": ds.agreement_panel(data),
-            "consensus": ds.annotator_agreement_panel(data),
-            "annotators": ds.annotator_quality_panel(data),
+            "progress": labels_tab.round_progress_panel(data),
+            "labels": labels_tab.label_distribution_panel(data),
+            "position-bias": labels_tab.position_bias_panel(data),
+            "agreement": labels_tab.agreement_panel(data),
+            "consensus": labels_tab.annotator_agreement_panel(data),
+            "annotators": labels_tab.annotator_quality_panel(data),
         },
         "models": {
-            "leaderboard": ds.leaderboard_panel(data),
-            "winrates": ds.win_rate_panel(data),
-            "true-reward": ds.true_reward_panel(data),
-            "battles": ds.battle_counts_panel(data),
-            "samples": ds.samples_panel(data),
+            "leaderboard": models_tab.leaderboard_panel(data),
+            "winrates": models_tab.win_rate_panel(data),
+            "true-reward": models_tab.true_reward_panel(data),
+            "battles": models_tab.battle_counts_panel(data),
+            "samples": models_tab.samples_panel(data),
         },
         "reward-models": {
-            "reward-models": ds.reward_model_table_panel(ds.reward_models(data)),
-            "calibration": ds.calibration_panel(w.reward_model),
-            "margins": ds.margin_panel(w.reward_model),
+            "reward-models": reward_tab.reward_model_table_panel(data.reward_models),
+            "calibration": reward_tab.calibration_panel(w.reward_model),
+            "margins": reward_tab.margin_panel(w.reward_model),
         },
-        "training": {"runs": ds.runs_panel(runs), "curves": curves, "alarms": alarms},
+        "training": {"runs": training_tab.runs_panel(runs), "curves": curves, "alarms": alarms},
     }
 
 
@@ -461,7 +464,7 @@ def test_unknown_chart_is_404(client, world):
 
 
 def test_battles_come_from_human_pairwise_judgments_between_different_models(world):
-    data = ds.ProjectData(world.project)
+    data = loading.ProjectData(world.project)
     battles = data.battles
     judged = Judgment.objects.filter(
         project=world.project, source="human", is_gold=False, is_repeat=False, qc_flag=""
@@ -477,8 +480,8 @@ def test_battles_come_from_human_pairwise_judgments_between_different_models(wor
 
 
 def test_win_rate_counts_are_the_raw_votes_from_the_newer_models_side(world):
-    data = ds.ProjectData(world.project)
-    panel = ds.win_rate_panel(data)
+    data = loading.ProjectData(world.project)
+    panel = models_tab.win_rate_panel(data)
     row = next(r for r in panel.rows if (r[0], r[1]) == ("ppo-r1", "sft-v0"))
     wins = ties = losses = both_bad = 0
     for judgment in Judgment.objects.filter(item__round=world.round1).prefetch_related(
@@ -504,7 +507,7 @@ def test_win_rate_counts_are_the_raw_votes_from_the_newer_models_side(world):
 
 
 def test_leaderboard_ranks_every_model_with_an_interval(world):
-    panel = ds.leaderboard_panel(ds.ProjectData(world.project))
+    panel = models_tab.leaderboard_panel(loading.ProjectData(world.project))
     names = [row[1] for row in panel.rows]
     assert sorted(names) == ["ppo-r1", "ppo-r2", "sft-v0"]
     for row in panel.rows:
@@ -513,7 +516,7 @@ def test_leaderboard_ranks_every_model_with_an_interval(world):
 
 
 def test_position_bias_finds_the_left_clicker(world):
-    panel = ds.position_bias_panel(ds.ProjectData(world.project))
+    panel = labels_tab.position_bias_panel(loading.ProjectData(world.project))
     by_scope = {row[0]: row for row in panel.rows}
     assert {"All rounds", "Round 1", "Round 2", "eli", "ana"} <= set(by_scope)
     eli = by_scope["eli"]
@@ -522,7 +525,7 @@ def test_position_bias_finds_the_left_clicker(world):
 
 
 def test_round_progress_counts_items_and_judgments(world):
-    panel = ds.round_progress_panel(ds.ProjectData(world.project))
+    panel = labels_tab.round_progress_panel(loading.ProjectData(world.project))
     rows = {row[0]: row for row in panel.rows}
     assert rows[1][3:7] == [16, 16, 0, 0]  # items, complete, in progress, not started
     assert rows[1][7] == rows[1][8] == 48  # judgments done / needed (overlap 3)
@@ -542,7 +545,7 @@ def test_ranking_judgments_split_into_pairs():
         "is_gold": False,
         "is_repeat": False,
     }
-    battles = ds.pairwise_battles([judgment], slots)
+    battles = loading.pairwise_battles([judgment], slots)
     assert [(b.model_a, b.model_b, b.outcome) for b in battles] == [
         ("x", "y", "B"),
         ("x", "z", "tie"),
@@ -550,14 +553,14 @@ def test_ranking_judgments_split_into_pairs():
     ]
     assert (battles[0].length_a, battles[0].length_b) == (10, 20)
     # Same model at two positions: no battle; gold, AI and QC-flagged labels: none either.
-    assert ds.pairwise_battles([judgment], {7: [(0, "x", 1), (1, "x", 1), (2, "x", 1)]}) == []
-    assert ds.pairwise_battles([{**judgment, "is_gold": True}], slots) == []
-    assert ds.pairwise_battles([{**judgment, "source": "ai"}], slots) == []
-    assert ds.pairwise_battles([{**judgment, "qc_flag": "too_fast"}], slots) == []
+    assert loading.pairwise_battles([judgment], {7: [(0, "x", 1), (1, "x", 1), (2, "x", 1)]}) == []
+    assert loading.pairwise_battles([{**judgment, "is_gold": True}], slots) == []
+    assert loading.pairwise_battles([{**judgment, "source": "ai"}], slots) == []
+    assert loading.pairwise_battles([{**judgment, "qc_flag": "too_fast"}], slots) == []
 
 
 def test_training_curves_use_the_logged_keys_and_raise_alarms(world):
-    curves, alarms = ds.curves_panel(world.run)
+    curves, alarms = training_tab.curves_panel(world.run)
     metrics = {row[0]: row[1] for row in curves.rows}
     assert metrics == {
         "reward": "score/raw_mean",
@@ -571,7 +574,7 @@ def test_training_curves_use_the_logged_keys_and_raise_alarms(world):
     assert steps == list(range(1, 81))  # the checkpoint event line is not a metric
     kinds = {row[1] for row in alarms.rows}
     assert "kl_limit" in kinds or "kl_superlinear" in kinds
-    assert {a["kind"] for a in curves.chart["alarms"]} == kinds
+    assert {a.kind for a in curves.chart.alarms} == kinds
 
 
 def test_training_curves_of_a_quiet_run_raise_no_alarm(tmp_path):
@@ -579,49 +582,53 @@ def test_training_curves_of_a_quiet_run_raise_no_alarm(tmp_path):
         "".join(json.dumps(r) + "\n" for r in _metrics_lines(60, hacking=False))
     )
     run = TrainingRun.objects.create(recipe="ppo", output_dir=str(tmp_path))
-    curves, alarms = ds.curves_panel(run)
+    curves, alarms = training_tab.curves_panel(run)
     assert curves.status == "ok"
     assert alarms.status == "empty"
     missing = TrainingRun.objects.create(recipe="ppo", output_dir=str(tmp_path / "nothing"))
-    assert ds.curves_panel(missing)[0].status == "empty"
+    assert training_tab.curves_panel(missing)[0].status == "empty"
 
 
 def test_curves_are_thinned_to_a_cap(tmp_path, monkeypatch):
-    monkeypatch.setattr(ds, "MAX_CURVE_POINTS", 50)
+    monkeypatch.setattr(training_tab, "MAX_CURVE_POINTS", 50)
     (tmp_path / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": s, "loss": 1 / s}) + "\n" for s in range(1, 1001))
     )
     run = TrainingRun.objects.create(recipe="sft", output_dir=str(tmp_path))
-    curves, _ = ds.curves_panel(run)
+    curves, _ = training_tab.curves_panel(run)
     steps = [row[2] for row in curves.rows]
     assert len(steps) == 50 and steps[0] == 1 and steps[-1] == 1000
 
 
 def test_calibration_panel_reads_the_stored_evaluate_rm_report(world):
-    panel = ds.calibration_panel(world.reward_model)
+    panel = reward_tab.calibration_panel(world.reward_model)
     stored = world.reward_model.eval_results["rm_metrics"]["temperature"]
-    names = [series["name"] for series in panel.chart["series"]]
+    names = [series.name for series in panel.chart.series]
     assert names[0] == "Held-out half, T = 1"
     assert names[1].startswith("Held-out half, T = ")
     after = [r for r in panel.rows if r[0] == names[1]]
     assert sum(r[5] for r in after) == stored["test_pairs"]
-    margins = ds.margin_panel(world.reward_model)
+    margins = reward_tab.margin_panel(world.reward_model)
     assert sum(r[2] for r in margins.rows) == 400
     fresh = ModelVersion.objects.create(
         name="rm-new", kind=ModelVersion.Kind.REWARD, artifact_path="/x"
     )
-    message = ds.calibration_panel(fresh).message
+    message = reward_tab.calibration_panel(fresh).message
     assert f"evaluate_rm --model-version {fresh.pk}" in message
 
 
-def test_missing_qc_selectors_show_a_not_available_panel(client, world, monkeypatch):
-    monkeypatch.setattr(ds, "qc_selector", lambda name: None)
+def test_a_stored_report_of_another_shape_fails_loudly_instead_of_a_generic_table(client, world):
+    # Given a stored agreement report, newer than every label, that lacks the figures the
+    # agreement panel reads (say, written by an older release).
+    from evaluation.models import AgreementReport
+
+    AgreementReport.objects.create(
+        project=world.project, report={"sources": ["human"]}, n_judgments=1
+    )
     client.force_login(world.staff)
-    html = client.get(project_urls(world)["project"]).content.decode()
-    assert html.count("Not available yet") >= 3
-    assert "Round progress" in html  # the panels that need no QC still render
-    response = client.get(project_urls(world)["project"], {"format": "csv", "chart": "agreement"})
-    assert response.status_code == 404
+    # Then the Labels page raises: a panel never hides a broken selector behind a table.
+    with pytest.raises(KeyError, match="by_source"):
+        client.get(project_urls(world)["project"])
 
 
 def test_round_filter_narrows_labels_to_one_round(client, world):
@@ -639,33 +646,30 @@ def test_round_filter_narrows_labels_to_one_round(client, world):
 
 
 def test_project_list_counts(world):
-    panel = ds.project_overview_panel(projects=[world.project, world.other])
+    panel = home_tab.project_overview_panel(projects=[world.project, world.other])
     row = next(r for r in panel.rows if r[0] == world.project.pk)
     assert row[3] == 3  # rounds
     assert row[4] == 48  # non-gold items
     assert row[5] == Judgment.objects.filter(project=world.project).count()
     assert row[6] == 2  # training runs
-    assert ds.dashboard_projects(user=world.researcher) == [world.project]
-    assert set(ds.dashboard_projects(user=world.staff)) >= {world.project, world.other}
+    assert loading.dashboard_projects(user=world.researcher) == [world.project]
+    assert set(loading.dashboard_projects(user=world.staff)) >= {world.project, world.other}
     assert Project.objects.count() >= 2
 
 
 def test_agreement_comes_from_a_stored_report_until_a_new_label_arrives(world):
     from evaluation.models import AgreementReport
 
-    live = ds.agreement_panel(ds.ProjectData(world.project))
-    report = ds.ProjectData(world.project).qc(
-        "project_agreement", project=world.project, round_=None, n_boot=ds.AGREEMENT_BOOT
-    )
-    report = json.loads(json.dumps(report))
+    live = labels_tab.agreement_panel(loading.ProjectData(world.project))
+    report = json.loads(json.dumps(loading.ProjectData(world.project).agreement))
     report["by_source"]["human"]["alpha"]["estimate"] = 0.999  # a marker
     AgreementReport.objects.create(project=world.project, report=report, n_judgments=1)
-    stored = ds.agreement_panel(ds.ProjectData(world.project))
+    stored = labels_tab.agreement_panel(loading.ProjectData(world.project))
     assert stored.rows[0][2] == 0.999
     assert stored.rows[1:] == live.rows[1:]
     newest = Judgment.objects.filter(project=world.project).order_by("-id").first()
     Judgment.objects.filter(pk=newest.pk).update(created_at=timezone.now() + timedelta(seconds=5))
-    assert ds.agreement_panel(ds.ProjectData(world.project)).rows == live.rows
+    assert labels_tab.agreement_panel(loading.ProjectData(world.project)).rows == live.rows
 
 
 def test_ranking_projects_render_with_pairs_from_rankings(client):
@@ -698,15 +702,15 @@ def test_ranking_projects_render_with_pairs_from_rankings(client):
             rng.shuffle(ranks)
             services.judgment_submit(assignment_id=assignment.pk, user=user, ranking=ranks)
 
-    data = ds.ProjectData(project)
+    data = loading.ProjectData(project)
     n_rankings = Judgment.objects.filter(project=project).count()
     assert n_rankings == 12
     assert len(data.battles) == 3 * n_rankings  # K(K-1)/2 pairs per ranking
-    bias = ds.position_bias_panel(data)
+    bias = labels_tab.position_bias_panel(data)
     assert [row[0] for row in bias.rows] == ["Slot A", "Slot B", "Slot C"]
     assert sum(row[2] for row in bias.rows) == n_rankings
-    assert bias.chart["reference"] == pytest.approx(1 / 3)
-    board = ds.leaderboard_panel(data)
+    assert bias.chart.reference == pytest.approx(1 / 3)
+    board = models_tab.leaderboard_panel(data)
     assert "too narrow" in board.note
     client.force_login(researcher)
     for name in ("dashboard:project", "dashboard:models"):
@@ -728,6 +732,6 @@ def test_a_run_without_a_project_is_for_staff_only(client, world, tmp_path):
 
 
 def test_chart_data_never_holds_nan():
-    spec = ds.finite({"a": [1.0, float("nan"), np.float64("inf")], "b": (np.float32(2.5),)})
+    spec = finite({"a": [1.0, float("nan"), np.float64("inf")], "b": (np.float32(2.5),)})
     assert spec == {"a": [1.0, None, None], "b": [2.5]}
     json.dumps(spec, allow_nan=False)

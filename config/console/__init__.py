@@ -1,0 +1,1 @@
+"""Researcher-facing pages: the presentation layer, which may import every app below it."""

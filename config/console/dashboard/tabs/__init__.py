@@ -1,0 +1,1 @@
+"""One module per dashboard page; each turns `ProjectData` into that page's panels."""
