@@ -39,6 +39,7 @@ from annotation.models import (
 from config.console.dashboard import data as loading
 from config.console.dashboard.panel import Panel
 from config.console.dashboard.specs import finite
+from config.console.dashboard.tabs import annotators as annotators_tab
 from config.console.dashboard.tabs import home as home_tab
 from config.console.dashboard.tabs import labels as labels_tab
 from config.console.dashboard.tabs import models as models_tab
@@ -404,9 +405,9 @@ def _expected_panels(w) -> dict[str, dict[str, Panel]]:
             "progress": labels_tab.round_progress_panel(data),
             "labels": labels_tab.label_distribution_panel(data),
             "position-bias": labels_tab.position_bias_panel(data),
-            "agreement": labels_tab.agreement_panel(data),
-            "consensus": labels_tab.annotator_agreement_panel(data),
-            "annotators": labels_tab.annotator_quality_panel(data),
+            "agreement": annotators_tab.agreement_panel(data),
+            "consensus": annotators_tab.annotator_agreement_panel(data),
+            "annotators": annotators_tab.annotator_quality_panel(data),
         },
         "models": {
             "leaderboard": models_tab.leaderboard_panel(data),
@@ -660,16 +661,16 @@ def test_project_list_counts(world):
 def test_agreement_comes_from_a_stored_report_until_a_new_label_arrives(world):
     from evaluation.models import AgreementReport
 
-    live = labels_tab.agreement_panel(loading.ProjectData(world.project))
+    live = annotators_tab.agreement_panel(loading.ProjectData(world.project))
     report = json.loads(json.dumps(loading.ProjectData(world.project).agreement))
     report["by_source"]["human"]["alpha"]["estimate"] = 0.999  # a marker
     AgreementReport.objects.create(project=world.project, report=report, n_judgments=1)
-    stored = labels_tab.agreement_panel(loading.ProjectData(world.project))
+    stored = annotators_tab.agreement_panel(loading.ProjectData(world.project))
     assert stored.rows[0][2] == 0.999
     assert stored.rows[1:] == live.rows[1:]
     newest = Judgment.objects.filter(project=world.project).order_by("-id").first()
     Judgment.objects.filter(pk=newest.pk).update(created_at=timezone.now() + timedelta(seconds=5))
-    assert labels_tab.agreement_panel(loading.ProjectData(world.project)).rows == live.rows
+    assert annotators_tab.agreement_panel(loading.ProjectData(world.project)).rows == live.rows
 
 
 def test_ranking_projects_render_with_pairs_from_rankings(client):

@@ -27,8 +27,8 @@ from config.console.dashboard.csv_export import csv_response
 from config.console.dashboard.data import ProjectData
 from config.console.dashboard.panel import Panel
 from config.console.dashboard.specs import spec_json
+from config.console.dashboard.tabs import annotators, labels, models, reward_models, training
 from config.console.dashboard.tabs import home as home_tab
-from config.console.dashboard.tabs import labels, models, reward_models, training
 from training.models import ModelVersion, TrainingRun
 from training.selectors import training_run_get
 
@@ -132,10 +132,10 @@ def project_labels(request: HttpRequest, project_id: int) -> HttpResponse:
         "progress": lambda: labels.round_progress_panel(data),
         "labels": lambda: labels.label_distribution_panel(data),
         "position-bias": lambda: labels.position_bias_panel(data),
-        "agreement": lambda: labels.agreement_panel(data),
-        "consensus": lambda: labels.annotator_agreement_panel(data),
-        "annotators": lambda: labels.annotator_quality_panel(data),
-        "disagreements": lambda: labels.disagreement_panel(data),
+        "agreement": lambda: annotators.agreement_panel(data),
+        "consensus": lambda: annotators.annotator_agreement_panel(data),
+        "annotators": lambda: annotators.annotator_quality_panel(data),
+        "disagreements": lambda: annotators.disagreement_panel(data),
     }
     return _page(
         request,

@@ -10,7 +10,7 @@ from config.console.dashboard.specs import (
     ReliabilityPoint,
     ReliabilitySeries,
 )
-from config.console.dashboard.tabs.labels import agreement_panel
+from config.console.dashboard.tabs.annotators import agreement_panel
 from training.models import ModelVersion
 
 
