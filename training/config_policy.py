@@ -309,7 +309,7 @@ def training_config_resolve(
 
 
 def _run_checkpoint(user, project, run_id: Any, field: str) -> str:
-    from training.run_files import newest_complete_checkpoint
+    from training.trainers.checkpoints import newest_complete_checkpoint
 
     run = training_run_for_run(user=user, project=project, run_id=run_id, field=field)
     found = newest_complete_checkpoint(run.output_dir) if run.output_dir else None

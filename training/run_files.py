@@ -2,62 +2,31 @@
 
 The CLI writes ``progress.json`` (replaced atomically), appends ``metrics.jsonl`` and its
 stdout/stderr log, and saves ``checkpoint-N`` folders; the supervisor reads them about once a
-second while the process runs, and again when it resumes a run.
+second while the process runs, and again when it resumes a run. Checkpoint discovery is
+``training.trainers.checkpoints``, shared with the CLI's ``--resume``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from training import config_policy
+from training.trainers.checkpoints import checkpoint_complete, checkpoint_folders
 
 CONFIG_FILE = "train_config.json"
 LOG_FILE = "train.log"
 ERROR_TAIL_LINES = 30
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-
-
-def _checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
-    found = []
-    with contextlib.suppress(OSError):
-        for entry in Path(output_dir).iterdir():
-            match = _CHECKPOINT_RE.match(entry.name)
-            if match and entry.is_dir():
-                found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
-def checkpoint_complete(path: Path) -> bool:
-    """Return whether a checkpoint folder was written to the end.
-
-    transformers writes ``trainer_state.json`` last, straight into ``checkpoint-N``; the PPO
-    recipe keeps it in ``ppo_state/``. A worker killed mid-save leaves a folder without it.
-    """
-    for state in (path / "trainer_state.json", *path.glob("*/trainer_state.json")):
-        if read_json(state) is not None:
-            return True
-    return False
-
-
-def newest_complete_checkpoint(output_dir: str | Path) -> tuple[str, int] | None:
-    """Return the newest complete ``checkpoint-N`` folder in ``output_dir`` and its step."""
-    for step, path in reversed(_checkpoints(output_dir)):
-        if checkpoint_complete(path):
-            return str(path), step
-    return None
 
 
 def incomplete_checkpoints_delete(output_dir: str | Path) -> list[str]:
     """Delete half-written checkpoints so that ``--resume`` picks a complete one."""
     dropped = []
-    for _step, path in _checkpoints(output_dir):
+    for _step, path in checkpoint_folders(output_dir):
         if not checkpoint_complete(path):
             shutil.rmtree(path, ignore_errors=True)
             dropped.append(path.name)

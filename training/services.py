@@ -93,26 +93,9 @@ def training_run_create(
             f"recipe: unknown recipe {recipe!r}; choose from {', '.join(Recipe.values)}.",
             field="recipe",
         )
-    if (dataset_version is None) == (not dataset_path):
-        raise InvalidTrainingConfig("Give exactly one of a dataset version or a dataset path.")
-    if dataset_version is not None:
-        if dataset_version.status != "ready" or not dataset_version.path:
-            raise Conflict(
-                f"Dataset version {dataset_version.pk} is {dataset_version.status}, not ready."
-            )
-        if project is not None and project.pk != dataset_version.project_id:
-            raise InvalidTrainingConfig(
-                "dataset_version_id: the dataset version belongs to another project.",
-                field="dataset_version_id",
-            )
-        project = project or dataset_version.project
-        data_dir = config_policy.path_check(value=dataset_version.path, field="dataset_version_id")
-    else:
-        data_dir = config_policy.path_check(value=str(dataset_path), field="dataset_path")
-    if not Path(data_dir).is_dir():
-        field = "dataset_version_id" if dataset_version is not None else "dataset_path"
-        raise InvalidTrainingConfig(f"{field}: the dataset folder is missing.", field=field)
-
+    project, data_dir = _dataset_folder(
+        dataset_version=dataset_version, dataset_path=dataset_path, project=project
+    )
     config = config_policy.training_config_resolve(
         recipe=recipe, config=config or {}, user=user, project=project
     )
@@ -154,6 +137,30 @@ def training_run_create(
     if enqueue:
         training_run_enqueue(run=run)
     return run
+
+
+def _dataset_folder(*, dataset_version, dataset_path, project) -> tuple[Any, str]:
+    """Return the run's project and the checked snapshot folder it trains on."""
+    if (dataset_version is None) == (not dataset_path):
+        raise InvalidTrainingConfig("Give exactly one of a dataset version or a dataset path.")
+    if dataset_version is not None:
+        if dataset_version.status != "ready" or not dataset_version.path:
+            raise Conflict(
+                f"Dataset version {dataset_version.pk} is {dataset_version.status}, not ready."
+            )
+        if project is not None and project.pk != dataset_version.project_id:
+            raise InvalidTrainingConfig(
+                "dataset_version_id: the dataset version belongs to another project.",
+                field="dataset_version_id",
+            )
+        project = project or dataset_version.project
+        data_dir = config_policy.path_check(value=dataset_version.path, field="dataset_version_id")
+    else:
+        data_dir = config_policy.path_check(value=str(dataset_path), field="dataset_path")
+    if not Path(data_dir).is_dir():
+        field = "dataset_version_id" if dataset_version is not None else "dataset_path"
+        raise InvalidTrainingConfig(f"{field}: the dataset folder is missing.", field=field)
+    return project, data_dir
 
 
 def training_run_enqueue(*, run: TrainingRun, send: Callable[[int], Any] | None = None) -> None:

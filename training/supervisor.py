@@ -34,7 +34,6 @@ from training.run_files import (
     LOG_FILE,
     RunFiles,
     incomplete_checkpoints_delete,
-    newest_complete_checkpoint,
     read_json,
 )
 from training.services import (
@@ -44,6 +43,7 @@ from training.services import (
     training_output_root,
     training_run_data_dir,
 )
+from training.trainers.checkpoints import newest_complete_checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ CACHES = {
     },
 }
 
-# Training runs (training.services): "python" runs one process per run; "accelerate" runs
+# Training runs (training/processes.py): "python" runs one process per run; "accelerate" runs
 # `accelerate launch <PREFLOOP_TRAINING_ACCELERATE_ARGS> -m training.trainers.cli ...`,
 # e.g. "--multi_gpu --num_processes 4" for one run over the four GPUs of its worker.
 TRAINING_LAUNCHER = env.str("PREFLOOP_TRAINING_LAUNCHER", default="python")

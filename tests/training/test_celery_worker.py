@@ -19,9 +19,10 @@ from kombu import Connection
 from tests.celery_worker import Worker
 from tests.training import test_runs_support as support
 from tests.training.test_runs_support import reward_config, wait_for
-from training import run_files, services
+from training import services
 from training.models import ModelVersion, TrainingRun
 from training.tasks import run_training
+from training.trainers import checkpoints
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]
 
@@ -92,7 +93,7 @@ def test_run_resumes_after_its_worker_is_killed_and_finishes_once(
             what="the first worker to start the run",
         )
         checkpoint = wait_for(
-            lambda: run_files.newest_complete_checkpoint(run.output_dir),
+            lambda: checkpoints.newest_complete_checkpoint(run.output_dir),
             timeout=180,
             interval=0.1,
             what="a first checkpoint",

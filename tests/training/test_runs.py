@@ -21,8 +21,9 @@ from annotation.errors import Conflict
 from tests.factories import make_project
 from tests.training import test_runs_support as support
 from tests.training.test_runs_support import make_dataset_version, reward_config, wait_for
-from training import processes, run_files, services, supervisor
+from training import processes, services, supervisor
 from training.models import ModelVersion, TrainingRun
+from training.trainers import checkpoints
 
 training_settings = support.training_settings
 reward_snapshot = support.reward_snapshot
@@ -438,7 +439,7 @@ def test_cancel_kills_the_running_process_group_and_resume_continues_from_checkp
     assert row.status == TrainingRun.Status.RUNNING and 0 < row.progress < 1
     assert row.heartbeat_at is not None and "step" in row.log_tail
     wait_for(
-        lambda: run_files.newest_complete_checkpoint(run.output_dir),
+        lambda: checkpoints.newest_complete_checkpoint(run.output_dir),
         timeout=60,
         what="a checkpoint",
     )
@@ -456,7 +457,7 @@ def test_cancel_kills_the_running_process_group_and_resume_continues_from_checkp
     assert run.exit_code is not None and run.exit_code < 0
     assert run.child_pid is None
     assert not ModelVersion.objects.exists()
-    checkpoint, step = run_files.newest_complete_checkpoint(run.output_dir)
+    checkpoint, step = checkpoints.newest_complete_checkpoint(run.output_dir)
 
     # when it is resumed (in-process) with a shorter horizon... the config is fixed, so
     # shorten the work by resuming a run whose checkpoint is already near its end

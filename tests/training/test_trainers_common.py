@@ -10,6 +10,7 @@ from training.trainers.common import (
     ConfigError,
     RunLogger,
     config_from_dict,
+    resume_checkpoint,
     write_run_json,
 )
 
@@ -97,3 +98,21 @@ def test_run_json_records_config_data_seeds_versions_and_host(tmp_path, make_sna
     )
     assert run["host"]["hostname"]
     assert run["recipe"] == "x" and run["final_metrics"] == {"loss": 1}  # earlier keys kept
+
+
+def test_resume_skips_a_checkpoint_whose_save_was_cut_short(tmp_path):
+    # Given a complete checkpoint-2 and a checkpoint-4 whose save was killed before its
+    # trainer_state.json was written (transformers writes it last)
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"half")
+    logger = RunLogger(tmp_path, echo=False)
+
+    # When the CLI is asked to resume
+    checkpoint = resume_checkpoint(tmp_path, True, logger)
+
+    # Then it resumes from the complete one, and says so in metrics.jsonl
+    assert checkpoint == str(tmp_path / "checkpoint-2")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["event"] == "resume" and records[-1]["checkpoint"] == checkpoint

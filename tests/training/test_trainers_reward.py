@@ -126,6 +126,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, tiny_reward_dir, pr
     with pytest.raises(RuntimeError, match="simulated crash"):
         reward.train(config, preference_snapshot, out, _CrashAt(out, 5))
     assert (out / "checkpoint-4").is_dir() and not (out / "final").exists()
+    (out / "checkpoint-5").mkdir()  # a save cut short: no trainer_state.json, never resumed from
     config.resume = True
     metrics = reward.train(config, preference_snapshot, out, None)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 
 from annotation import services as annotation_services
-from annotation.importers import ImportFailed, items_import, normalise
+from annotation.imports import ImportFailed, items_import, normalise
 from annotation.models import Judgment, Project, Round
 from training.generation import GenerationSettings, generate_candidates
 from training.loop.mining import prompts_select, reward_models_newest
@@ -96,21 +96,7 @@ def round_generate(
         if from_new < k
         else [[] for _ in prompts]
     )
-    rows = []
-    for prompt, new_c, old_c in zip(prompts, new, old, strict=True):
-        picked, seen = [], set()
-        for cand in old_c[: k - from_new] + new_c:
-            key = normalise(cand["text"])
-            if not key or key in seen:
-                continue
-            if cand in old_c and len([c for c in picked if c in old_c]) >= k - from_new:
-                continue
-            if cand in new_c and len([c for c in picked if c in new_c]) >= from_new:
-                continue
-            seen.add(key)
-            picked.append(cand)
-        if len(picked) == k:
-            rows.append({"prompt": prompt, "candidates": picked})
+    rows = _rows_of_distinct_answers(prompts, new, old, k=k, from_new=from_new)
     with transaction.atomic():
         Round.objects.select_for_update().filter(pk=round_.pk).first()
         if round_.items.exists():
@@ -144,6 +130,28 @@ def round_generate(
         k,
     )
     return round_
+
+
+def _rows_of_distinct_answers(
+    prompts: list[str], new: list[list[dict]], old: list[list[dict]], *, k: int, from_new: int
+) -> list[dict]:
+    """Return import rows of the prompts that got k distinct answers (k - from_new old ones)."""
+    rows = []
+    for prompt, new_c, old_c in zip(prompts, new, old, strict=True):
+        picked, seen = [], set()
+        for cand in old_c[: k - from_new] + new_c:
+            key = normalise(cand["text"])
+            if not key or key in seen:
+                continue
+            if cand in old_c and len([c for c in picked if c in old_c]) >= k - from_new:
+                continue
+            if cand in new_c and len([c for c in picked if c in new_c]) >= from_new:
+                continue
+            seen.add(key)
+            picked.append(cand)
+        if len(picked) == k:
+            rows.append({"prompt": prompt, "candidates": picked})
+    return rows
 
 
 # --------------------------------------------------------------------------- iteration

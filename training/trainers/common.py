@@ -18,6 +18,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from training.trainers.checkpoints import newest_complete_checkpoint
 from training.trainers.data import data_hash, read_manifest
 
 QUIET_OFFLINE_ENV = {
@@ -350,20 +351,12 @@ def lora_config(config: BaseRecipeConfig, task_type: str):
     )
 
 
-def newest_checkpoint_folder(output_dir: Path) -> str | None:
-    """Return the newest ``checkpoint-N`` folder in ``output_dir``, or None."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if not output_dir.is_dir():
-        return None
-    return get_last_checkpoint(str(output_dir))
-
-
 def resume_checkpoint(output_dir: Path, resume: bool, logger: RunLogger) -> str | None:
     """Pick the checkpoint to resume from, and log the choice."""
     if not resume:
         return None
-    checkpoint = newest_checkpoint_folder(output_dir)
+    found = newest_complete_checkpoint(output_dir)
+    checkpoint = found[0] if found else None
     logger.event("resume", checkpoint=checkpoint)
     if checkpoint is None:
         logger.info("resume requested but no checkpoint-* found: starting from scratch")

@@ -1605,7 +1605,8 @@ def train(
     ``logger`` is a ``RunLogger`` (or anything with ``log(metrics, step=...)``); None makes a
     RunLogger writing metrics.jsonl and progress.json into ``output_dir``.
     """
-    from training.trainers.common import newest_checkpoint_folder, start_run
+    from training.trainers.checkpoints import newest_complete_checkpoint
+    from training.trainers.common import start_run
     from training.trainers.data import load_prompts
 
     dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
@@ -1628,7 +1629,7 @@ def train(
     if hasattr(logger, "event"):
         logger.event("value_init", value_init=models["value_init"])
     checkpoint = config.resume_from_checkpoint or (
-        newest_checkpoint_folder(output_dir) if config.resume else None
+        (newest_complete_checkpoint(output_dir) or (None,))[0] if config.resume else None
     )
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
