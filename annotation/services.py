@@ -27,7 +27,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
-from annotation import sql
+from annotation import hooks, sql
 from annotation.errors import Conflict, Forbidden, NotFound, ServiceError, SkipBudgetSpent
 from annotation.models import (
     Assignment,
@@ -639,7 +639,9 @@ def _judgment_submit_locked(
     count = assignment.seq + 1
     project_id, user_id = project.pk, user.pk
     transaction.on_commit(
-        lambda: _qc_after_submit(project_id=project_id, annotator_id=user_id, count=count),
+        lambda: hooks.judgment_submitted(
+            project_id=project_id, annotator_id=user_id, judgment_count=count
+        ),
         robust=True,
     )
     if not serve_next or membership is None:
@@ -677,12 +679,6 @@ def _membership_count_sql(vendor: str) -> str:
         f'"skips_in_row" = 0, "last_finished_at" = %s '
         f'WHERE "project_id" = %s AND "user_id" = %s RETURNING {sql.columns(Membership)}'
     )
-
-
-def _qc_after_submit(*, project_id: int, annotator_id: int, count: int) -> None:
-    from evaluation.services import qc_after_submit
-
-    qc_after_submit(project_id=project_id, annotator_id=annotator_id, judgment_count=count)
 
 
 @transaction.atomic
