@@ -16,7 +16,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from annotation import errors, selectors, services
 from annotation.apis_imports import ImportJobOutput, declared_upload_too_large, import_now_or_queue
-from annotation.importers import items_import
+from annotation.imports import items_import
 from annotation.models import Membership, Project, Round, TaskKind
 from annotation.pagination import paginate
 

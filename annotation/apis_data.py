@@ -31,7 +31,7 @@ from annotation.apis_imports import (
     declared_upload_too_large,
     import_now_or_queue,
 )
-from annotation.importers_pref import FORMATS, preferences_import
+from annotation.imports import FORMATS, preferences_import
 from annotation.models import DatasetVersion, ImportJob, Round
 from annotation.pagination import paginate
 

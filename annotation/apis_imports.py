@@ -18,8 +18,8 @@ from django.urls import reverse
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
-from annotation import import_jobs
-from annotation.importers import ImportFailed, ImportTooLarge, size_text
+from annotation.imports import ImportFailed, ImportTooLarge, size_text
+from annotation.imports import jobs as import_jobs
 from annotation.models import ImportJob, Project
 
 

@@ -1,6 +1,6 @@
 """Find duplicates at three levels (prompt, response, pair) and near-duplicate prompts.
 
-Keys are sha256 hashes of normalised content (`annotation.importers.content_hash`), kept as
+Keys are sha256 hashes of normalised content (`annotation.imports.content_hash`), kept as
 64-bit integers so a stream of a million rows costs tens of megabytes, not gigabytes.
 
 * prompt: the same normalised prompt text (or chat transcript) twice;

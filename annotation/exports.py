@@ -82,7 +82,7 @@ from django.utils import timezone
 
 from annotation.dedup import DedupTracker, MinHasher, preview
 from annotation.errors import ServiceError
-from annotation.importers_pref import render_hh
+from annotation.imports import render_hh
 from annotation.models import (
     DatasetVersion,
     ItemCandidate,

@@ -45,7 +45,7 @@ class ImportTask(Task):
     """Record an import's final failure on its ImportJob row (details go to the worker log)."""
 
     def on_failure(self, exc, task_id, args, kwargs, einfo):
-        from annotation import import_jobs
+        from annotation.imports import jobs as import_jobs
 
         import_job_id = kwargs.get("import_job_id", args[0] if args else None)
         if import_job_id is not None:
@@ -68,7 +68,7 @@ class ImportTask(Task):
 )
 def run_import_job(import_job_id: int) -> str:
     """Run one stored import; a finished job is left alone."""
-    from annotation import import_jobs
+    from annotation.imports import jobs as import_jobs
 
     job = import_jobs.import_job_run(import_job_id=import_job_id)
     return job.status if job is not None else "missing"

@@ -45,7 +45,7 @@ def prepare(n_items: int, n_clients: int, gold_rate: float, repeat_rate: float) 
     from django.core.management import call_command
     from rest_framework.authtoken.models import Token
 
-    from annotation.importers import items_import
+    from annotation.imports import items_import
     from annotation.models import Project
     from tests.factories import add_member, make_user
 

@@ -81,7 +81,7 @@ def load(db_name: str, n_items: int, n_judgments: int, seed: int) -> int:
         conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{db_name}"')
     call_command("migrate", verbosity=0)
-    from annotation.importers import content_hash
+    from annotation.imports import content_hash
     from annotation.models import Project, Round
 
     project = Project.objects.create(name="export-bench", overlap=4, ask_strength=True)

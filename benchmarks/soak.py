@@ -121,7 +121,7 @@ def prepare_project(n_items: int, n_annotators: int, overlap: int) -> tuple[int,
 
     from django.core.management import call_command
 
-    from annotation.importers import items_import
+    from annotation.imports import items_import
     from annotation.models import Project
     from annotation.services import simulated_annotator_ensure
 

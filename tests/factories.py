@@ -4,7 +4,7 @@ import itertools
 
 from django.contrib.auth import get_user_model
 
-from annotation.importers import content_hash
+from annotation.imports import content_hash
 from annotation.models import Candidate, Item, ItemCandidate, Membership, Project, Prompt, Round
 
 _seq = itertools.count(1)

@@ -46,7 +46,7 @@ def parse_pair_line(raw: bytes, fmt: str) -> tuple[dict | None, str | None]:
     texts and ``soft_label`` (P(chosen preferred), default 1; a row below 1/2 is turned round
     as the training loader does).
     """
-    from annotation.importers_pref import _parse_pair
+    from annotation.imports import parse_pair
 
     try:
         row = json.loads(raw)
@@ -54,7 +54,7 @@ def parse_pair_line(raw: bytes, fmt: str) -> tuple[dict | None, str | None]:
         return None, "not valid JSON"
     if not isinstance(row, dict) or not {"chosen", "rejected"} <= set(row):
         return None, "needs 'chosen' and 'rejected'"
-    record, problems = _parse_pair(row, fmt)
+    record, problems = parse_pair(row, fmt)
     if record is None:
         return None, problems[0] if problems else "unreadable pair"
     soft = row.get("soft_label", 1.0)
@@ -121,7 +121,7 @@ def has_own_chat_template(tokenizer) -> bool:
 
 def scoring_inputs(pair: dict, fmt: str, chat: bool) -> tuple[Any, Any, Any]:
     """Return (prompt, chosen completion, rejected completion) as the scorer takes them."""
-    from annotation.importers_pref import render_hh
+    from annotation.imports import render_hh
 
     if "prompt" in pair:
         return pair["prompt"], pair["chosen"], pair["rejected"]

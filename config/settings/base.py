@@ -149,7 +149,7 @@ TRAINING_MIN_FREE_BYTES = 1 << 30
 # Lines of the training log kept on the run's row.
 TRAINING_LOG_TAIL_LINES = 50
 
-# Imports (annotation/importers.py): the largest upload taken, the largest file once
+# Imports (annotation/imports/): the largest upload taken, the largest file once
 # decompressed, and the longest line, in bytes; a file past a limit is refused whole with a
 # 413. Uploads larger than IMPORT_ASYNC_BYTES are imported by a Celery task instead of the
 # request (progress at /api/projects/{id}/imports/{job}/).

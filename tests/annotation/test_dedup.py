@@ -3,7 +3,7 @@
 import pytest
 
 from annotation.dedup import DedupTracker, MinHasher, pair_key
-from annotation.importers import content_hash
+from annotation.imports import content_hash
 
 
 def test_prompt_duplicates_are_found_after_normalising_white_space():

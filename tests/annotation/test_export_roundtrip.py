@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from annotation.exports import dataset_version_export, dataset_version_load
-from annotation.importers_pref import preferences_import
+from annotation.imports import preferences_import
 from tests.factories import make_project
 
 pytestmark = pytest.mark.django_db

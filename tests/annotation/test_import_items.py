@@ -1,4 +1,4 @@
-"""Importing prompts + K candidates (importers.items_import): dedup report, bad lines, gzip."""
+"""Importing prompts + K candidates (annotation.imports.items_import): dedup, bad lines, gzip."""
 
 import gzip
 import io
@@ -7,7 +7,7 @@ import json
 import pytest
 from django.core.management import call_command
 
-from annotation.importers import ImportFailed, items_import
+from annotation.imports import ImportFailed, items_import
 from annotation.models import Candidate, Item, Prompt
 from tests.factories import make_project
 

@@ -1,4 +1,4 @@
-"""Importing existing preference data: HH-RLHF, TRL rows, K-way rankings (importers_pref)."""
+"""Importing existing preference data: HH-RLHF, TRL rows, K-way rankings (annotation.imports)."""
 
 import gzip
 import io
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from annotation.errors import Conflict
-from annotation.importers import ImportFailed
-from annotation.importers_pref import (
+from annotation.imports import (
+    ImportFailed,
     preferences_import,
     render_hh,
     split_hh_dialogue,

@@ -6,7 +6,7 @@ import pytest
 from django.core.management import call_command
 
 from annotation import services
-from annotation.importers import content_hash
+from annotation.imports import content_hash
 from annotation.models import Candidate, Item, ItemCandidate, Judgment, Project, Prompt, Round
 from annotation.simulation import PRESETS, Profile, decide, run_pool
 from training import demo

@@ -25,7 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from annotation import services
-from annotation.importers import content_hash
+from annotation.imports import content_hash
 from annotation.models import (
     Candidate,
     Item,

@@ -24,8 +24,14 @@ from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from annotation.errors import Conflict
-from annotation.importers import ImportFailed, ImportReport, items_import
-from annotation.importers_pref import FORMATS, PreferenceImportReport, preferences_import
+from annotation.imports import (
+    FORMATS,
+    ImportFailed,
+    ImportReport,
+    PreferenceImportReport,
+    items_import,
+    preferences_import,
+)
 from annotation.models import (
     Candidate,
     Item,

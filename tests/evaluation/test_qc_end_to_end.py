@@ -17,7 +17,7 @@ from unittest import mock
 import pytest
 
 from annotation import services as annotation_services
-from annotation.importers import content_hash
+from annotation.imports import content_hash
 from annotation.models import (
     Candidate,
     Item,

@@ -5,7 +5,7 @@ from django.core.management import CommandError, call_command
 
 from annotation.errors import ServiceError
 from annotation.exports import dataset_version_export
-from annotation.importers import content_hash
+from annotation.imports import content_hash
 from annotation.models import (
     Candidate,
     DatasetVersion,

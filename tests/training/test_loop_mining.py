@@ -12,7 +12,7 @@ from itertools import combinations
 
 import pytest
 
-from annotation.importers import content_hash
+from annotation.imports import content_hash
 from annotation.models import DatasetVersion, Judgment, Prompt, Round
 from tests.factories import make_items, make_project, make_round, make_user
 from training import loop

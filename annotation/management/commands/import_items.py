@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from annotation.importers import ImportFailed, ImportTooLarge, items_import
+from annotation.imports import ImportFailed, ImportTooLarge, items_import
 from annotation.models import Project, Round
 
 

@@ -8,8 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from annotation.errors import ServiceError
-from annotation.importers import ImportFailed, ImportTooLarge
-from annotation.importers_pref import FORMATS, preferences_import
+from annotation.imports import FORMATS, ImportFailed, ImportTooLarge, preferences_import
 from annotation.management.commands.import_items import open_input, print_errors, project_from_arg
 from annotation.models import Round
 

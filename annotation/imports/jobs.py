@@ -22,8 +22,9 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from annotation.errors import ServiceError
-from annotation.importers import ImportFailed, ImportTooLarge, items_import
-from annotation.importers_pref import preferences_import
+from annotation.imports.items import items_import
+from annotation.imports.limits import ImportFailed, ImportTooLarge
+from annotation.imports.preferences import preferences_import
 from annotation.models import ImportJob, Project, Round
 
 PROGRESS_EVERY_SECONDS = 0.5

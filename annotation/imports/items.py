@@ -5,25 +5,19 @@ One JSONL line:
      "candidates": [{"text": "...", "model_name": "...", "checkpoint_id": "...",
                      "generation_config": {"temperature": 0.7, "top_p": 0.9, ...}}, ...],
      "gold": "A" | [1, 2, 3]}            # optional; marks a hidden gold item
-The file is read twice, streaming: a first pass validates every line and reports every bad
-one; only a clean file is written, inside one transaction, in batches. Reading is bounded
-(`bounded_lines`): at most IMPORT_MAX_LINE_BYTES per line and IMPORT_MAX_BYTES per file once
-decompressed, so a gzip bomb or a line of a gigabyte stops with `ImportTooLarge` after that
-many bytes, never holding more than one line in memory.
+The file is read twice, streaming (`annotation.imports.limits.bounded_lines`): a first pass
+validates every line and reports every bad one; only a clean file is written, inside one
+transaction, in batches.
 """
 
-import csv
-import hashlib
-import json
-import math
-import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from django.conf import settings
 from django.db import transaction
 
+from annotation.imports.formats import content_hash, normalise, rows_read, validate_messages
+from annotation.imports.limits import BATCH, MAX_ERRORS_REPORTED, ImportFailed
 from annotation.models import (
     Candidate,
     Choice,
@@ -35,8 +29,6 @@ from annotation.models import (
     TaskKind,
 )
 
-BATCH = 500
-MAX_ERRORS_REPORTED = 1000
 GENERATION_KEYS = {
     "batch",  # [start, size, row] of a batched generate() call: needed to reproduce a sample
     "template",
@@ -53,73 +45,6 @@ GENERATION_KEYS = {
     "repetition_penalty",
     "do_sample",
 }
-ROLES = {"system", "user", "assistant", "tool"}
-_WS = re.compile(r"\s+")
-
-
-class ImportFailed(Exception):
-    """The file had bad lines; nothing was written. `errors` lists (line, message)."""
-
-    def __init__(self, errors: list[tuple[int, str]], total_bad: int):
-        self.errors = errors
-        self.total_bad = total_bad
-        first = "; ".join(f"line {line}: {msg}" for line, msg in errors[:3])
-        super().__init__(f"{total_bad} bad line(s); nothing imported ({first})")
-
-    def __reduce__(self):
-        return (self.__class__, (self.errors, self.total_bad))
-
-
-class ImportTooLarge(Exception):
-    """The file passed a size limit; reading stopped there and nothing was written."""
-
-    def __init__(self, message: str, *, setting: str, limit: int):
-        self.message, self.setting, self.limit = message, setting, limit
-        super().__init__(message)
-
-    def __reduce__(self):
-        return (_import_too_large, (self.message, self.setting, self.limit))
-
-
-def _import_too_large(message: str, setting: str, limit: int) -> ImportTooLarge:
-    return ImportTooLarge(message, setting=setting, limit=limit)
-
-
-def size_text(n: int) -> str:
-    """Return a byte count as people read it, e.g. '16 MiB (16777216 bytes)'."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:g} {unit} ({n} bytes)"
-    return f"{n} bytes"
-
-
-def bounded_lines(stream: IO) -> Iterator[tuple[int, bytes | str]]:
-    """Yield (line number, line) from the stream's position; stop at the size limits.
-
-    ``readline`` is asked for one byte more than a line may hold, so a line without an end
-    (a gzip bomb of one character, a 1 GB line) costs at most that much memory before
-    `ImportTooLarge` names the limit.
-    """
-    max_line = settings.IMPORT_MAX_LINE_BYTES
-    max_total = settings.IMPORT_MAX_BYTES
-    total = number = 0
-    while line := stream.readline(max_line + 1):
-        number += 1
-        total += len(line)
-        if total > max_total:
-            raise ImportTooLarge(
-                f"The file is larger than {size_text(max_total)} once decompressed; "
-                "nothing was imported. Split it into smaller files.",
-                setting="IMPORT_MAX_BYTES",
-                limit=max_total,
-            )
-        if len(line) > max_line and line[-1:] not in ("\n", b"\n"):
-            raise ImportTooLarge(
-                f"Line {number} is longer than {size_text(max_line)}; nothing was imported.",
-                setting="IMPORT_MAX_LINE_BYTES",
-                limit=max_line,
-            )
-        yield number, line
 
 
 @dataclass
@@ -134,35 +59,6 @@ class ImportReport:
     dedup: dict = field(default_factory=dict)
     round_id: int | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def normalise(text: str) -> str:
-    """Return text with outer space stripped and inner runs of white space folded."""
-    return _WS.sub(" ", text.strip())
-
-
-def content_hash(payload) -> str:
-    """Return sha256 of normalised text, or of normalised chat messages."""
-    if isinstance(payload, str):
-        data = normalise(payload)
-    else:
-        data = json.dumps(
-            [[m["role"], normalise(m["content"])] for m in payload], ensure_ascii=False
-        )
-    return hashlib.sha256(data.encode("utf-8")).hexdigest()
-
-
-def _validate_messages(messages, where: str) -> str | None:
-    if not isinstance(messages, list) or not messages:
-        return f"{where} must be a non-empty list of {{role, content}} messages"
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or set(m) - {"role", "content"} or "content" not in m:
-            return f"{where}[{i}] must be an object with 'role' and 'content' only"
-        if m.get("role") not in ROLES:
-            return f"{where}[{i}].role must be one of {sorted(ROLES)}"
-        if not isinstance(m["content"], str):
-            return f"{where}[{i}].content must be a string"
-    return None
 
 
 def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
@@ -183,7 +79,7 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
         elif len(prompt) > limit:
             problems.append(f"'prompt' is longer than {limit} characters")
     else:
-        error = _validate_messages(messages, "'messages'")
+        error = validate_messages(messages, "'messages'")
         if error:
             problems.append(error)
         elif sum(len(m["content"]) for m in messages) > limit:
@@ -250,103 +146,6 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
     return {**row, "candidates": clean_cands, "id": str(ext_id)}, []
 
 
-class _NotJson(ValueError):
-    pass
-
-
-def _reject_constant(name: str):
-    raise _NotJson(f"{name} is not a JSON value")
-
-
-def unstorable(value) -> str | None:
-    """Return why parsed JSON cannot be stored in the database (NUL, lone surrogate, NaN)."""
-    stack = [value]
-    while stack:  # no recursion: JSON may nest as deep as the parser allows
-        v = stack.pop()
-        if isinstance(v, str):
-            if "\x00" in v:
-                return "text must not contain NUL (\\u0000) characters"
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                return "text must not contain unpaired surrogates (\\ud800-\\udfff)"
-        elif isinstance(v, float) and not math.isfinite(v):
-            return "numbers must be finite"
-        elif isinstance(v, dict):
-            stack.extend(v)
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return None
-
-
-def json_line(data: str | bytes) -> tuple[object | None, str | None]:
-    """Parse one line of JSON; return (value, None) or (None, why it cannot be imported)."""
-    try:
-        value = json.loads(data, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        return None, f"bad JSON: {exc.msg} at column {exc.colno}"
-    except UnicodeDecodeError:
-        return None, "bad JSON: not UTF-8"
-    except RecursionError:
-        return None, "bad JSON: nested too deeply"
-    except _NotJson as exc:
-        return None, f"bad JSON: {exc}"
-    except ValueError:  # an integer literal longer than Python converts
-        return None, "bad JSON: a number has too many digits"
-    problem = unstorable(value)
-    return (None, problem) if problem else (value, None)
-
-
-def _parse_jsonl(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
-    for number, raw in bounded_lines(stream):
-        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        if not line.strip():
-            continue
-        yield number, *json_line(line)
-
-
-def _csv_text(stream: IO) -> Iterator[str]:
-    """Yield the stream's text lines (UTF-8, universal newlines), each bounded in size."""
-    for _, raw in bounded_lines(stream):
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        *lines, rest = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        yield from (line + "\n" for line in lines)
-        if rest:
-            yield rest
-
-
-def _parse_csv(stream: IO) -> Iterator[tuple[int, object | None, str | None]]:
-    """CSV columns: id, prompt, candidate_1..candidate_K, model_1..model_K, gold (optional)."""
-    reader = csv.DictReader(_csv_text(stream))
-    number = 1
-    try:
-        for number, rec in enumerate(reader, start=2):
-            k = sum(1 for key in rec if key and key.startswith("candidate_"))
-            row: dict = {"prompt": rec.get("prompt"), "candidates": []}
-            if rec.get("id"):
-                row["id"] = rec["id"]
-            for i in range(1, k + 1):
-                cand = {"text": rec.get(f"candidate_{i}")}
-                if rec.get(f"model_{i}"):
-                    cand["model_name"] = rec[f"model_{i}"]
-                row["candidates"].append(cand)
-            problem = None
-            if rec.get("gold"):
-                gold = rec["gold"]
-                row["gold"], problem = json_line(gold) if gold.startswith("[") else (gold, None)
-            problem = problem or unstorable(row)
-            yield (number, None, problem) if problem else (number, row, None)
-    except (UnicodeDecodeError, csv.Error) as exc:
-        reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
-        yield number + 1, None, f"cannot read the CSV: {reason}"
-
-
-def _rows(stream: IO, fmt: str):
-    stream.seek(0)
-    return _parse_csv(stream) if fmt == "csv" else _parse_jsonl(stream)
-
-
 def items_import(
     *,
     project: Project,
@@ -368,7 +167,7 @@ def items_import(
     seen_pairs: set[frozenset] = set()
     report = ImportReport()
     n_rows = 0
-    for seen, (number, row, parse_error) in enumerate(_rows(stream, fmt), start=1):
+    for seen, (number, row, parse_error) in enumerate(rows_read(stream, fmt), start=1):
         if progress and seen % 1000 == 0:
             progress(1000)
         problems = [parse_error] if parse_error else validate_row(row, project=project)[1]
@@ -416,7 +215,7 @@ def items_import(
         round_ = round_ or round_create(project=project)
         report.round_id = round_.pk
         batch: list[dict] = []
-        for _, row, _ in _rows(stream, fmt):
+        for _, row, _ in rows_read(stream, fmt):
             batch.append(validate_row(row, project=project)[0])
             if len(batch) >= BATCH:
                 _write_batch(project, round_, batch, report)
