@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from annotation import errors, selectors, services
+from annotation import access, errors, selectors, services
 from annotation.apis_imports import ImportJobOutput, declared_upload_too_large, import_now_or_queue
 from annotation.imports import items_import
 from annotation.models import Membership, Project, Round, TaskKind
@@ -43,20 +43,6 @@ def exception_handler(exc, context):
         response["Retry-After"] = "1"
         return response
     return drf_exception_handler(exc, context)
-
-
-def _project_for_member(project_id: int, user) -> Project:
-    project = selectors.project_list_for_user(user=user).filter(pk=project_id).first()
-    if project is None:
-        raise NotFound("No such project.")
-    return project
-
-
-def _project_for_manager(project_id: int, user) -> Project:
-    project = _project_for_member(project_id, user)
-    if not selectors.user_can_manage(project_id=project.pk, user=user):
-        raise PermissionDenied("Only the project's researchers may do this.")
-    return project
 
 
 class ProjectOutput(serializers.ModelSerializer):
@@ -231,7 +217,7 @@ class ProjectListApi(APIView):
 
     @extend_schema(responses=ProjectOutput(many=True))
     def get(self, request):
-        projects = selectors.project_list_for_user(user=request.user).order_by("name", "pk")
+        projects = access.project_list_for_user(user=request.user).order_by("name", "pk")
         return paginate(request=request, view=self, rows=projects, serializer_class=ProjectOutput)
 
     @extend_schema(request=InputSerializer, responses=ProjectResearcherOutput)
@@ -248,8 +234,8 @@ class ProjectListApi(APIView):
 class ProjectDetailApi(APIView):
     @extend_schema(responses=ProjectOutput)
     def get(self, request, project_id: int):
-        project = _project_for_member(project_id, request.user)
-        if selectors.user_can_manage(project_id=project.pk, user=request.user):
+        project = access.project_for(user=request.user, project_id=project_id)
+        if access.user_can_manage(project_id=project.pk, user=request.user):
             return Response(ProjectResearcherOutput(project).data)
         return Response(ProjectOutput(project).data)
 
@@ -264,7 +250,7 @@ class MembershipApi(APIView):
     def post(self, request, project_id: int):
         from django.contrib.auth import get_user_model
 
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         user = get_user_model().objects.filter(username=serializer.validated_data["username"])
@@ -292,7 +278,7 @@ class RoundListApi(APIView):
 
     @extend_schema(responses=OutputSerializer(many=True))
     def get(self, request, project_id: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         rounds = project.rounds.order_by("number")
         return paginate(
             request=request, view=self, rows=rounds, serializer_class=self.OutputSerializer
@@ -300,7 +286,7 @@ class RoundListApi(APIView):
 
     @extend_schema(request=None, responses=OutputSerializer)
     def post(self, request, project_id: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         round_ = services.round_create(project=project)
         return Response(self.OutputSerializer(round_).data, status=status.HTTP_201_CREATED)
 
@@ -308,7 +294,7 @@ class RoundListApi(APIView):
 class RoundCloseApi(APIView):
     @extend_schema(request=None, responses=RoundStatusOutput)
     def post(self, request, project_id: int, number: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         round_ = get_object_or_404(Round, project=project, number=number)
         services.round_close(round_=round_)
         return Response({"number": round_.number, "status": round_.status})
@@ -333,7 +319,7 @@ class ImportApi(APIView):
         },
     )
     def post(self, request, project_id: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         refused = declared_upload_too_large(request)
         if refused is not None:
             return refused
@@ -464,5 +450,5 @@ class HeartbeatApi(APIView):
 class ProgressApi(APIView):
     @extend_schema(responses=ProgressOutput)
     def get(self, request, project_id: int):
-        project = _project_for_member(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id)
         return Response(selectors.project_progress(project=project, user=request.user))

@@ -24,8 +24,7 @@ from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from annotation import exports, tasks
-from annotation.apis import _project_for_manager
+from annotation import access, exports, tasks
 from annotation.apis_imports import (
     ImportJobOutput,
     declared_upload_too_large,
@@ -78,7 +77,7 @@ class PreferenceImportApi(APIView):
         },
     )
     def post(self, request, project_id: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         refused = declared_upload_too_large(request)
         if refused is not None:
             return refused
@@ -120,7 +119,7 @@ class PreferenceImportApi(APIView):
 class ImportJobDetailApi(APIView):
     @extend_schema(responses=ImportJobOutput)
     def get(self, request, project_id: int, job_id: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         job = get_object_or_404(ImportJob, project=project, pk=job_id)
         return Response(ImportJobOutput(job).data)
 
@@ -135,7 +134,7 @@ class DatasetListApi(APIView):
 
     @extend_schema(responses=DatasetVersionOutput(many=True))
     def get(self, request, project_id: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         versions = DatasetVersion.objects.filter(project=project).order_by("-version")
         return paginate(
             request=request, view=self, rows=versions, serializer_class=DatasetVersionOutput
@@ -150,7 +149,7 @@ class DatasetListApi(APIView):
         },
     )
     def post(self, request, project_id: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
@@ -199,7 +198,7 @@ def _export_policy(*, project, data: dict) -> exports.ExportPolicy:
 class DatasetDetailApi(APIView):
     @extend_schema(responses=DatasetVersionOutput)
     def get(self, request, project_id: int, version: int):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         dv = get_object_or_404(DatasetVersion, project=project, version=version)
         return Response(DatasetVersionOutput(dv).data)
 
@@ -207,7 +206,7 @@ class DatasetDetailApi(APIView):
 class DatasetFileApi(APIView):
     @extend_schema(responses={200: bytes})
     def get(self, request, project_id: int, version: int, name: str):
-        project = _project_for_manager(project_id, request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         dv = get_object_or_404(DatasetVersion, project=project, version=version)
         path = exports.dataset_file_path(dataset_version=dv, name=name)
         content_type = "application/json" if name.endswith(".json") else "application/jsonl"

@@ -5,8 +5,9 @@ import math
 
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Q, Sum
 
+from annotation.access import user_can_review
 from annotation.models import (
     Assignment,
     Candidate,
@@ -25,19 +26,6 @@ SLOT_LABELS = "ABCDEFGH"
 PROGRESS_SNAPSHOT_SECONDS = 300
 
 
-def project_list_for_user(*, user) -> QuerySet[Project]:
-    """Return the projects a user may see: all for staff, their memberships otherwise."""
-    if user.is_staff:
-        return Project.objects.all()
-    # Archived projects stay readable to the members who read labels, not to annotators.
-    # One filter() call: both conditions hold for the same membership row.
-    return Project.objects.filter(
-        Q(archived=False)
-        | Q(memberships__role__in=[Membership.Role.RESEARCHER, Membership.Role.REVIEWER]),
-        memberships__user=user,
-    ).distinct()
-
-
 def membership_get(*, project_id: int, user) -> Membership | None:
     """Return the user's membership in a project still served (not archived), or None."""
     return (
@@ -45,26 +33,6 @@ def membership_get(*, project_id: int, user) -> Membership | None:
         .filter(project_id=project_id, user=user, project__archived=False)
         .first()
     )
-
-
-def user_can_manage(*, project_id: int, user) -> bool:
-    """Return whether the user may change the project (staff or a researcher in it)."""
-    if user.is_staff:
-        return True
-    return Membership.objects.filter(
-        project_id=project_id, user=user, role=Membership.Role.RESEARCHER
-    ).exists()
-
-
-def user_can_review(*, project_id: int, user) -> bool:
-    """Return whether the user may read other people's labels (staff, researcher, reviewer)."""
-    if user.is_staff:
-        return True
-    return Membership.objects.filter(
-        project_id=project_id,
-        user=user,
-        role__in=[Membership.Role.RESEARCHER, Membership.Role.REVIEWER],
-    ).exists()
 
 
 def project_options(project: Project) -> dict:

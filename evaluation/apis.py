@@ -14,7 +14,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from annotation import errors
+from annotation import access, errors
 from annotation.models import Membership, Round
 from annotation.pagination import paginate
 from evaluation import selectors, services
@@ -48,7 +48,7 @@ class AgreementApi(APIView):
         responses=OpenApiTypes.OBJECT,
     )
     def get(self, request, project_id: int):
-        project = services.project_for_reviewer(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.REVIEWER)
         query = self.QuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         params = query.validated_data
@@ -73,7 +73,7 @@ class LabelDistributionApi(APIView):
         responses=OpenApiTypes.OBJECT,
     )
     def get(self, request, project_id: int):
-        project = services.project_for_reviewer(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.REVIEWER)
         round_ = None
         if request.query_params.get("round"):
             round_ = get_object_or_404(
@@ -85,7 +85,7 @@ class LabelDistributionApi(APIView):
 class AnnotatorQualityApi(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, project_id: int):
-        project = services.project_for_manager(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         rows = selectors.annotator_quality_table(project=project)
         return paginate(request=request, view=self, rows=rows)
 
@@ -112,7 +112,7 @@ class AssessmentOutput(serializers.ModelSerializer):
 class AnnotatorAssessmentListApi(APIView):
     @extend_schema(responses=AssessmentOutput(many=True))
     def get(self, request, project_id: int, user_id: int):
-        project = services.project_for_manager(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         # Someone who never joined the project is not named here (as resume answers).
         if not Membership.objects.filter(project=project, user_id=user_id).exists():
             raise errors.NotFound("No such annotator in this project.")
@@ -130,7 +130,7 @@ class AnnotatorResumeApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={200: AssessmentOutput})
     def post(self, request, project_id: int, user_id: int):
-        project = services.project_for_manager(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         assessment = services.annotator_resume(
@@ -144,12 +144,12 @@ class PolicyApi(APIView):
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, project_id: int):
-        project = services.project_for_manager(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         return Response(_policy_json(selectors.quality_policy_get(project=project)))
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def patch(self, request, project_id: int):
-        project = services.project_for_manager(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         if not isinstance(request.data, dict):
             return Response({"detail": "Send a JSON object.", "code": "policy"}, status=400)
         # Names from the request become keyword arguments only once known to be policy fields.
@@ -166,7 +166,7 @@ class PolicyApi(APIView):
 class CheckApi(APIView):
     @extend_schema(request=None, responses={202: OpenApiTypes.OBJECT})
     def post(self, request, project_id: int):
-        project = services.project_for_manager(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
         qc_check_project_task.delay(project.pk, AnnotatorAssessment.Trigger.API)
         return Response({"queued": True, "project_id": project.pk}, status=status.HTTP_202_ACCEPTED)
 
@@ -177,7 +177,7 @@ class DisagreementQueueApi(APIView):
         responses=OpenApiTypes.OBJECT,
     )
     def get(self, request, project_id: int):
-        project = services.project_for_reviewer(project_id=project_id, user=request.user)
+        project = access.project_for(user=request.user, project_id=project_id, role=access.REVIEWER)
         limit = min(max(_int(request.query_params.get("limit", 100)), 1), 500)
         offset = max(_int(request.query_params.get("offset", 0)), 0)
         return Response(selectors.disagreement_queue(project=project, limit=limit, offset=offset))

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from annotation import services as annotation_services
+from annotation.access import user_can_review
 from annotation.errors import Forbidden, NotFound, ServiceError
 from annotation.models import (
     Adjudication,
@@ -34,7 +35,6 @@ from annotation.models import (
     Round,
     TaskKind,
 )
-from annotation.selectors import user_can_manage, user_can_review
 from evaluation import selectors
 from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
 from evaluation.stats.quality import PAUSE, assess_annotator
@@ -345,31 +345,6 @@ def adjudication_create(
     )
     Item.objects.filter(pk=item.pk).update(needs_review=False)
     return adjudication
-
-
-def project_for_reviewer(*, project_id: int, user) -> Project:
-    """Return a project the user may review (NotFound outside it, Forbidden for annotators)."""
-    project = _project_for_member(project_id=project_id, user=user)
-    if not user_can_review(project_id=project.pk, user=user):
-        raise Forbidden("Only the project's reviewers and researchers may do this.")
-    return project
-
-
-def project_for_manager(*, project_id: int, user) -> Project:
-    """Return a project the user may manage (NotFound outside it, Forbidden for others)."""
-    project = _project_for_member(project_id=project_id, user=user)
-    if not user_can_manage(project_id=project.pk, user=user):
-        raise Forbidden("Only the project's researchers may do this.")
-    return project
-
-
-def _project_for_member(*, project_id: int, user) -> Project:
-    project = Project.objects.filter(pk=project_id).first()
-    if project is None or not (
-        user.is_staff or Membership.objects.filter(project=project, user=user).exists()
-    ):
-        raise NotFound("No such project.")
-    return project
 
 
 # ---- agreement reports ---------------------------------------------------------------------

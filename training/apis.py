@@ -13,7 +13,7 @@ from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from annotation import selectors as annotation_selectors
+from annotation import access
 from annotation.models import Project
 from annotation.pagination import BoundedLimitOffsetPagination
 from training import config_policy, selectors, services
@@ -41,9 +41,7 @@ def _run_for_user(run_id: int, user) -> TrainingRun:
 def _check_can_manage(run: TrainingRun, user) -> None:
     if user.is_staff:
         return
-    if run.project_id is None or not annotation_selectors.user_can_manage(
-        project_id=run.project_id, user=user
-    ):
+    if run.project_id is None or not access.user_can_manage(project_id=run.project_id, user=user):
         raise PermissionDenied("Only the project's researchers may do this.")
 
 
@@ -188,8 +186,7 @@ class TrainingRunListApi(ResearcherApi):
             if project is None:
                 raise NotFound("project_id: no such project.")
         if not user.is_staff and (
-            project is None
-            or not annotation_selectors.user_can_manage(project_id=project.pk, user=user)
+            project is None or not access.user_can_manage(project_id=project.pk, user=user)
         ):
             raise PermissionDenied("Only the project's researchers may train on its data.")
 

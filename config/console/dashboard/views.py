@@ -15,13 +15,14 @@ from functools import cache
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET
 
-from annotation.models import Membership, Project, Round
-from annotation.selectors import user_can_manage
+from annotation.access import MANAGER, project_for
+from annotation.errors import Forbidden, NotFound
+from annotation.models import Project, Round
 from config.console.dashboard import data as loading
 from config.console.dashboard.csv_export import csv_response
 from config.console.dashboard.data import ProjectData
@@ -44,12 +45,14 @@ Builders = dict[str, Callable[[], Panel | None]]
 
 def _project_for(request: HttpRequest, project_id: int) -> Project:
     """Return the project if the user may read its dashboard; 403 for other members, else 404."""
-    project = get_object_or_404(Project, pk=project_id)
-    if user_can_manage(project_id=project.pk, user=request.user):
-        return project
-    if Membership.objects.filter(project=project, user=request.user).exists():
-        raise PermissionDenied("Only the project's researchers and staff see its dashboard.")
-    raise Http404("No such project.")
+    try:
+        return project_for(user=request.user, project_id=project_id, role=MANAGER)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    except Forbidden as exc:
+        raise PermissionDenied(
+            "Only the project's researchers and staff see its dashboard."
+        ) from exc
 
 
 def _int_param(request: HttpRequest, name: str) -> int | None:
