@@ -1,59 +1,120 @@
-"""Load test of the serving loop over HTTP: gunicorn + PostgreSQL, N closed-loop annotators.
+"""Load test of the serving loop over HTTP, as a ratio to the lean reference in the same run.
 
-Each simulated annotator loops next -> submit (with an idempotency key) until the project is
-done or the time budget runs out. Every feature is on: gold items, planned repeats, overlap 3,
-leases, permissions, token auth. Prints, for each N: judgments/s, p50/p95 latency of next and
-submit, double-serves, lost submits, and server CPU per judgment (from the gunicorn
-processes' CPU time over the run).
+Both servers run under gunicorn (gthread, 2 workers x 4 threads) on PostgreSQL, each with its
+own database, driven by the same closed-loop client processes (one per annotator). With
+`--reference`, runs alternate (reference, ours two-call, ours one-round-trip, reference, ...)
+and every figure is printed as the median over the repetitions of ours / reference; absolute
+figures do not carry over from one machine to the next, the ratio does.
 
-    .venv/bin/python benchmarks/annotate_load.py --clients 1 5 20 --items 2000 --seconds 30
+Ours runs as deployed: production settings (a throwaway secret; requests carry the proxy's
+`X-Forwarded-Proto: https`), every serving feature on (overlap 3, 5 % gold, 5 % planned
+repeats, strength and confidence, leases, permissions, token auth) and quality control: a
+real Celery worker consumes the QC checks during the run, and its CPU counts in "server CPU".
+The annotators are machine accounts (group prefloop:simulated, not speed-checked) that
+mostly prefer the same answer, so QC has no reason to pause them; the pauses seen are
+printed. Two loops of ours: the classic two calls (next, then submit) and the one round trip
+(submit with `"next": true`), which is compared with the reference's two calls: "next" is then
+the call that returns the next item. `--profile` adds one cProfile run of our one-round-trip
+loop (CPU time per thread in every gunicorn worker thread) and prints the top 15 functions.
+
+    .venv/bin/python benchmarks/annotate_load.py --reference --clients 1 20 --seconds 10 \\
+        --repeats 2 --profile
+
+Figures: see the end of this docstring and docs/DEVELOPING.md ("Serving speed").
 """
 
 import argparse
 import http.client
+import io
 import json
 import multiprocessing as mp
 import os
+import pstats
 import random
+import secrets
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = (ROOT / ".." / "shared" / "lean-reference").resolve()
 sys.path.insert(0, str(ROOT))
-DB_NAME = "prefloop_bench"
-DB_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-PORT = 8765
-BROKER_URL = "redis://127.0.0.1:6379/7"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+HOST = "127.0.0.1"
+OURS_PORT, REF_PORT = 8765, 8766
+OVERLAP = 3
+
+# Imported by gunicorn (`-c`) in the profiled run: a CPU-time profiler per worker thread,
+# started on the thread's first request and written out when the worker exits.
+GUNICORN_PROFILE_CONF = """
+import cProfile, os, threading, time
+_profiles = []
+_local = threading.local()
+def pre_request(worker, req):
+    if getattr(_local, "profile", None) is None:
+        _local.profile = cProfile.Profile(time.thread_time)
+        _profiles.append(_local.profile)
+        _local.profile.enable()
+def worker_exit(server, worker):
+    for n, profile in enumerate(_profiles):
+        profile.create_stats()
+        profile.dump_stats(os.path.join(os.environ["PROFILE_DIR"], f"{os.getpid()}-{n}.prof"))
+"""
 
 
-def _django(db_url: str):
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.local"
-    os.environ["DATABASE_URL"] = db_url
-    os.environ["DJANGO_DEBUG"] = "0"
+def _psql(sql: str, db: str = "postgres") -> None:
+    subprocess.run(["psql", "-h", HOST, "-U", "postgres", "-d", db, "-qc", sql], check=True)
+
+
+def _recreate_db(name: str) -> None:
+    _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    _psql(f"CREATE DATABASE {name}")
+
+
+def _our_env(args) -> dict:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.production",
+        "DJANGO_SECRET_KEY": args.secret,
+        "DJANGO_ALLOWED_HOSTS": HOST,
+        "DATABASE_URL": f"postgres://postgres@{HOST}:5432/{args.db}",
+        "CELERY_BROKER_URL": args.broker,
+        "DJANGO_CACHE_URL": args.broker,
+        "CELERY_TASK_ALWAYS_EAGER": "0",
+        "DJANGO_LOG_LEVEL": "WARNING",
+    }
+
+
+# ---------- preparing the two servers' data ----------
+
+
+def _candidate_text(i: int, better: bool, rng: random.Random) -> str:
+    # The simulated annotators prefer the answer marked "Answer one" (gold agrees with them).
+    words = " ".join(rng.choice(("lorem", "ipsum", "dolor", "sit", "amet")) for _ in range(150))
+    return f"Answer {'one' if better else 'two'} to {i}. {words}"
+
+
+def _prepare_ours(n_items: int, n_clients: int, gold_rate: float, repeat_rate: float) -> tuple:
+    """Create a fresh project with n_items pairwise items and n_clients machine annotators."""
     import django
 
     django.setup()
-
-
-def prepare(n_items: int, n_clients: int, gold_rate: float, repeat_rate: float) -> tuple[int, list]:
-    """Create a fresh project with n_items pairwise items and n_clients annotators."""
     from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
 
+    from annotation import services
     from annotation.imports import items_import
-    from annotation.models import Project
-    from tests.factories import add_member, make_user
+    from annotation.models import LabelSource, Project
 
     call_command("migrate", verbosity=0)
     call_command("flush", interactive=False, verbosity=0)
     project = Project.objects.create(
         name="load",
-        overlap=3,
+        overlap=OVERLAP,
         gold_rate=gold_rate,
         repeat_rate=repeat_rate,
         ask_strength=True,
@@ -67,12 +128,12 @@ def prepare(n_items: int, n_clients: int, gold_rate: float, repeat_rate: float) 
             "prompt": f"Question {i}: explain topic {rng.randrange(10**9)} briefly.",
             "candidates": [
                 {
-                    "text": f"Answer one to {i}. " * 20,
+                    "text": _candidate_text(i, True, rng),
                     "model_name": "policy-v1",
                     "generation_config": {"temperature": 0.7, "seed": i},
                 },
                 {
-                    "text": f"Answer two to {i}. " * 25,
+                    "text": _candidate_text(i, False, rng),
                     "model_name": "policy-v0",
                     "generation_config": {"temperature": 0.7, "seed": i},
                 },
@@ -81,22 +142,139 @@ def prepare(n_items: int, n_clients: int, gold_rate: float, repeat_rate: float) 
         if i < n_items * 0.05:
             row["gold"] = "A"
         lines.append(json.dumps(row))
-    import io
-
     items_import(project=project, stream=io.StringIO("\n".join(lines)))
-    tokens = []
-    for c in range(n_clients):
-        user = make_user(f"annotator{c}")
-        add_member(project, user)
-        tokens.append(Token.objects.create(user=user).key)
+    tokens = [
+        services.simulated_annotator_ensure(
+            project=project, username=f"sim{c}", source=LabelSource.SIMULATED
+        )
+        for c in range(n_clients)
+    ]
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
     return project.pk, tokens
 
 
-def _client(token: str, project_id: int, deadline: float, seed: int, queue) -> None:
+def _prepare_ours_in_child(env: dict, *args) -> tuple:
+    os.environ.update(env)
+    return _prepare_ours(*args)
+
+
+def _audit_ours_in_child(env: dict, accepted: list[int]) -> dict:
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.db.models import Count
+
+    from annotation.models import Assignment, Judgment, Membership
+    from evaluation.models import AnnotatorAssessment
+
+    stored = set(Judgment.objects.values_list("id", flat=True))
+    over_served = (
+        Judgment.objects.filter(is_gold=False, is_repeat=False)
+        .values("item_id")
+        .annotate(n=Count("id"))
+        .filter(n__gt=OVERLAP)
+        .count()
+    )
+    twice = (
+        Assignment.objects.exclude(kind="repeat")
+        .exclude(status="expired")
+        .values("item_id", "annotator_id")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+        .count()
+    )
+    return {
+        "double_serves": over_served + twice,
+        "lost": len(set(accepted) - stored),
+        "duplicated": len(accepted) - len(set(accepted)),
+        "paused_members": Membership.objects.filter(status=Membership.Status.PAUSED).count(),
+        "qc_checks": AnnotatorAssessment.objects.count(),
+        "gold": Judgment.objects.filter(is_gold=True).count(),
+        "repeats": Judgment.objects.filter(is_repeat=True).count(),
+    }
+
+
+def _reference_env(args) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    return {**env, "LEAN_DB_NAME": args.reference_db}
+
+
+def _prepare_reference(args, n_clients: int) -> tuple:
+    env = _reference_env(args)
+    manage = [sys.executable, "manage.py"]
+    settings = "--settings=ceiling.settings"
+    subprocess.run([*manage, "migrate", "-v", "0", settings], cwd=REFERENCE, env=env, check=True)
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run(
+            [
+                *manage,
+                "seed",
+                "--reset",
+                "--items",
+                str(args.items),
+                "--users",
+                str(n_clients),
+                "--tokens-out",
+                out.name,
+                settings,
+            ],
+            cwd=REFERENCE,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        return 1, json.loads(Path(out.name).read_text())
+
+
+def _audit_reference(args, accepted: list[int]) -> dict:
+    import psycopg
+
+    with psycopg.connect(host=HOST, user="postgres", dbname=args.reference_db) as conn:
+        stored = {row[0] for row in conn.execute("SELECT id FROM app_judgment")}
+        over = conn.execute(
+            "SELECT COUNT(*) FROM (SELECT a.item_id FROM app_judgment j JOIN app_assignment a "
+            "ON a.id = j.assignment_id GROUP BY a.item_id HAVING COUNT(*) > %s) x",
+            [OVERLAP],
+        ).fetchone()[0]
+    return {
+        "double_serves": over,
+        "lost": len(set(accepted) - stored),
+        "duplicated": len(accepted) - len(set(accepted)),
+        "paused_members": 0,
+        "qc_checks": 0,
+        "gold": 0,
+        "repeats": 0,
+    }
+
+
+# ---------- the client ----------
+
+
+def _choose(payload: dict, rng: random.Random) -> str:
+    """Prefer the better answer 9 times in 10, as a careful annotator would."""
+    marked = [c["slot"] for c in payload["candidates"] if c["text"].startswith("Answer one")]
+    better = marked[0] if marked else rng.choice("AB")  # the reference's texts are unmarked
+    draw = rng.random()
+    if draw < 0.9:
+        return better
+    return "tie" if draw < 0.95 else ("B" if better == "A" else "A")
+
+
+def _client(token: str, project_id: int, deadline: float, seed: int, port: int, loop: str, queue):
+    """Label until the deadline; `loop` is "two-call" (next, submit) or "one-trip"."""
     rng = random.Random(seed)
-    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
-    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
-    next_lat, submit_lat, accepted, served, errors = [], [], [], [], 0
+    conn = http.client.HTTPConnection(HOST, port, timeout=60)
+    headers = {
+        "Authorization": f"Token {token}",
+        "Content-Type": "application/json",
+        # Our production settings redirect plain HTTP; the proxy in front says it was TLS.
+        "X-Forwarded-Proto": "https",
+    }
+    next_lat, submit_lat, accepted, errors, paused = [], [], [], 0, 0
 
     def post(path: str, body: dict | None = None):
         nonlocal conn
@@ -108,35 +286,62 @@ def _client(token: str, project_id: int, deadline: float, seed: int, queue) -> N
                 return r.status, r.read()
             except (http.client.HTTPException, ConnectionError, TimeoutError):
                 conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+                conn = http.client.HTTPConnection(HOST, port, timeout=60)
         return 599, b""
 
-    while time.perf_counter() < deadline:
+    def fetch_next():
+        nonlocal errors, paused
         t0 = time.perf_counter()
         status, body = post(f"/api/projects/{project_id}/next/")
         next_lat.append(time.perf_counter() - t0)
-        if status == 204:
-            break
-        if status != 200:
+        if status == 200:
+            return json.loads(body)
+        if status == 403 and b"paused" in body:
+            paused += 1
+        elif status != 204:
             errors += 1
-            continue
-        aid = json.loads(body)["assignment_id"]
-        served.append(aid)
+        return None
+
+    payload = fetch_next()
+    while payload is not None and time.perf_counter() < deadline:
         submit = {
-            "choice": rng.choice(["A", "B", "A", "B", "tie"]),
+            "choice": _choose(payload, rng),
             "idempotency_key": uuid.uuid4().hex,
             "time_spent_ms": rng.randrange(2000, 9000),
             "strength": rng.choice(["slightly", "much"]),
             "confidence": rng.randrange(1, 6),
         }
+        if loop == "one-trip":
+            submit["next"] = True
         t0 = time.perf_counter()
-        status, body = post(f"/api/assignments/{aid}/submit/", submit)
-        submit_lat.append(time.perf_counter() - t0)
-        if status in (200, 201):
-            accepted.append(json.loads(body)["judgment_id"])
-        else:
+        status, body = post(f"/api/assignments/{payload['assignment_id']}/submit/", submit)
+        elapsed = time.perf_counter() - t0
+        if status not in (200, 201):
             errors += 1
-    queue.put({"next": next_lat, "submit": submit_lat, "accepted": accepted, "errors": errors})
+            payload = fetch_next()
+            continue
+        answer = json.loads(body)
+        accepted.append(answer["judgment_id"])
+        if loop == "one-trip":
+            next_lat.append(elapsed)
+            payload = answer["next"]
+            if payload is None and answer.get("next_error", {}).get("code") == "paused":
+                paused += 1
+        else:
+            submit_lat.append(elapsed)
+            payload = fetch_next()
+    queue.put(
+        {
+            "next": next_lat,
+            "submit": submit_lat,
+            "accepted": accepted,
+            "errors": errors,
+            "paused": paused,
+        }
+    )
+
+
+# ---------- one run ----------
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -150,9 +355,10 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
-def _children(pid: int) -> list[int]:
+def _tree(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+    children = [int(p) for p in out.split()]
+    return [pid] + [p for c in children for p in _tree(c)]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -162,170 +368,249 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
 
-def run(n_clients: int, args) -> dict:
-    subprocess.run(
-        [
-            "psql",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-qc",
-            f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)",
-        ],
-        check=True,
-    )
-    subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {DB_NAME}"],
-        check=True,
-    )
+def _wait_for(port: int) -> None:
+    for _ in range(150):
+        try:
+            c = http.client.HTTPConnection(HOST, port, timeout=1)
+            c.request("GET", "/", headers={"X-Forwarded-Proto": "https"})
+            c.getresponse().read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"the server on port {port} did not start")
+
+
+def _gunicorn(app: str, port: int, workers: int, extra: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        app,
+        "-b",
+        f"{HOST}:{port}",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        "gthread",
+        "--threads",
+        "4",
+        "--keep-alive",
+        "30",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
+
+
+def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") -> dict:
+    """Start one server on fresh data, run the clients for args.seconds, stop, audit."""
     ctx = mp.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        project_id, tokens = pool.apply(
-            _prepare_in_child, (args.items, n_clients, args.gold_rate, args.repeat_rate)
+    procs_to_stop = []
+    if server == "reference":
+        project_id, tokens = _prepare_reference(args, n_clients)
+        port = REF_PORT
+        web = subprocess.Popen(
+            _gunicorn("ceiling.wsgi:application", port, args.workers, ["--chdir", str(REFERENCE)]),
+            cwd=REFERENCE,
+            env=_reference_env(args),
         )
-    # Quality-control checks are queued to the broker as in production (a worker elsewhere
-    # runs them); this measures the web tier, so nothing consumes the queue during the run.
-    env = {
-        **os.environ,
-        "DATABASE_URL": DB_URL,
-        "DJANGO_SETTINGS_MODULE": "config.settings.local",
-        "DJANGO_DEBUG": "0",
-        "DJANGO_LOG_LEVEL": "ERROR",
-        "CELERY_TASK_ALWAYS_EAGER": "0",
-        "CELERY_BROKER_URL": BROKER_URL,
-    }
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "config.wsgi:application",
-            "-b",
-            f"127.0.0.1:{PORT}",
-            "--workers",
-            str(args.workers),
-            "--worker-class",
-            "gthread",
-            "--threads",
-            "4",
-            "--keep-alive",
-            "30",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-    )
+        procs_to_stop.append(web)
+        counted = [web]
+    else:
+        env = _our_env(args)
+        _recreate_db(args.db)
+        with ctx.Pool(1) as pool:
+            project_id, tokens = pool.apply(
+                _prepare_ours_in_child,
+                (env, args.items, n_clients, args.gold_rate, args.repeat_rate),
+            )
+        import redis
+
+        redis.Redis.from_url(args.broker).flushdb()
+        port = OURS_PORT
+        extra = []
+        if profile_dir:
+            conf = Path(profile_dir) / "gunicorn_profile.py"
+            conf.write_text(GUNICORN_PROFILE_CONF)
+            extra = ["-c", str(conf)]
+            env = {**env, "PROFILE_DIR": profile_dir}
+        web = subprocess.Popen(
+            _gunicorn("config.wsgi:application", port, args.workers, extra), cwd=ROOT, env=env
+        )
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                "default",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "WARNING",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        procs_to_stop += [web, worker]
+        counted = [web, worker]
     try:
-        for _ in range(100):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=1)
-                c.request("GET", "/api/projects/")
-                c.getresponse().read()
-                break
-            except OSError:
-                time.sleep(0.2)
-        time.sleep(0.5)
-        workers = _children(server.pid)
-        cpu_before = _cpu_seconds(workers)
+        _wait_for(port)
+        time.sleep(1.0)
+        pids = [p for proc in counted for p in _tree(proc.pid)]
+        cpu_before = _cpu_seconds(pids)
+        load_before = os.getloadavg()[0]
         queue = ctx.Queue()
         start = time.perf_counter()
         deadline = start + args.seconds
-        procs = [
-            ctx.Process(target=_client, args=(t, project_id, deadline, i, queue))
+        clients = [
+            ctx.Process(target=_client, args=(t, project_id, deadline, i, port, loop, queue))
             for i, t in enumerate(tokens)
         ]
-        for p in procs:
-            p.start()
-        results = [queue.get() for _ in procs]
+        for c in clients:
+            c.start()
+        # A client that died puts nothing: wait at most a minute past the deadline.
+        results = [queue.get(timeout=args.seconds + 60) for _ in clients]
         elapsed = time.perf_counter() - start
-        for p in procs:
-            p.join()
-        cpu = _cpu_seconds(workers) - cpu_before
+        for c in clients:
+            c.join()
+        if server == "ours":
+            time.sleep(args.drain)  # the QC checks queued at the end are part of the cost
+        cpu = _cpu_seconds(pids) - cpu_before
+        load_after = os.getloadavg()[0]
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
-    import redis
-
-    redis.Redis.from_url(BROKER_URL).flushdb()
+        for proc in procs_to_stop:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs_to_stop:
+            proc.wait(timeout=60)
     accepted = [j for r in results for j in r["accepted"]]
-    with ctx.Pool(1) as pool:
-        audit = pool.apply(_audit_in_child, (accepted,))
+    if server == "reference":
+        audit = _audit_reference(args, accepted)
+    else:
+        with ctx.Pool(1) as pool:
+            audit = pool.apply(_audit_ours_in_child, (_our_env(args), accepted))
     n = len(accepted)
+    nexts = [x for r in results for x in r["next"]]
+    submits = [x for r in results for x in r["submit"]]
     return {
+        "server": server,
+        "loop": loop,
         "clients": n_clients,
         "judgments": n,
-        "judgments_per_s": n / elapsed,
-        "next_p50_ms": _pct([x for r in results for x in r["next"]], 0.50),
-        "next_p95_ms": _pct([x for r in results for x in r["next"]], 0.95),
-        "submit_p50_ms": _pct([x for r in results for x in r["submit"]], 0.50),
-        "submit_p95_ms": _pct([x for r in results for x in r["submit"]], 0.95),
-        "server_cpu_ms_per_judgment": 1000 * cpu / n if n else float("nan"),
+        "jps": n / elapsed,
+        "next_p50": _pct(nexts, 0.50),
+        "next_p95": _pct(nexts, 0.95),
+        "submit_p95": _pct(submits, 0.95),
+        "cpu_ms": 1000 * cpu / n if n else float("nan"),
         "errors": sum(r["errors"] for r in results),
+        "paused_seen": sum(r["paused"] for r in results),
+        "load": (load_before + load_after) / 2,
         **audit,
     }
 
 
-def _prepare_in_child(n_items, n_clients, gold_rate, repeat_rate):
-    _django(DB_URL)
-    return prepare(n_items, n_clients, gold_rate, repeat_rate)
-
-
-def _audit_in_child(accepted: list[int]) -> dict:
-    _django(DB_URL)
-    from django.db.models import Count
-
-    from annotation.models import Assignment, Judgment
-
-    stored = set(Judgment.objects.values_list("id", flat=True))
-    over_served = (
-        Judgment.objects.filter(is_gold=False, is_repeat=False)
-        .values("item_id")
-        .annotate(n=Count("id"))
-        .filter(n__gt=3)
-        .count()
+def _print_row(r: dict) -> None:
+    print(
+        f"  {r['server']:9s} {r['loop']:8s} {r['clients']:3d} {r['judgments']:6d} "
+        f"{r['jps']:6.1f} {r['next_p50']:7.1f} {r['next_p95']:7.1f} {r['submit_p95']:7.1f} "
+        f"{r['cpu_ms']:7.2f} {r['double_serves']:4d} {r['lost']:4d} {r['duplicated']:3d} "
+        f"{r['errors']:4d} {r['paused_seen']:4d}/{r['paused_members']:<3d} {r['qc_checks']:3d} "
+        f"{r['load']:5.2f}",
+        flush=True,
     )
-    twice = (
-        Assignment.objects.exclude(kind="repeat")
-        .exclude(status="expired")
-        .values("item_id", "annotator_id")
-        .annotate(n=Count("id"))
-        .filter(n__gt=1)
-        .count()
+
+
+def _ratios(ours: list[dict], refs: list[dict]) -> dict:
+    """Median over the repetitions of ours / reference (paired run by run)."""
+
+    def median_ratio(key):
+        return statistics.median(o[key] / r[key] for o, r in zip(ours, refs, strict=True))
+
+    return {key: median_ratio(key) for key in ("jps", "next_p50", "next_p95", "cpu_ms")}
+
+
+def profile_run(n_clients: int, args) -> None:
+    """Run our one-round-trip loop once under cProfile and print the top 15 by CPU."""
+    with tempfile.TemporaryDirectory() as folder:
+        r = run(server="ours", loop="one-trip", n_clients=n_clients, args=args, profile_dir=folder)
+        files = sorted(str(p) for p in Path(folder).glob("*.prof"))
+        stats = pstats.Stats(*files, stream=sys.stdout)
+    print(
+        f"\nProfile: ours one-trip, {n_clients} annotators, {r['judgments']} judgments "
+        f"(CPU time of every gunicorn worker thread; the QC worker is not profiled):"
     )
-    return {
-        "double_serves": over_served + twice,
-        "lost_submits": len(set(accepted) - stored),
-        "duplicated_submits": len(accepted) - len(set(accepted)),
-        "gold_judgments": Judgment.objects.filter(is_gold=True).count(),
-        "repeat_judgments": Judgment.objects.filter(is_repeat=True).count(),
-    }
+    stats.sort_stats("tottime").print_stats(15)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 5, 20])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 20])
     parser.add_argument("--items", type=int, default=2000)
-    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--repeats", type=int, default=2, help="alternated runs per figure")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--gold-rate", type=float, default=0.05)
     parser.add_argument("--repeat-rate", type=float, default=0.05)
+    parser.add_argument("--reference", action="store_true", help="run the lean reference too")
+    parser.add_argument("--loops", nargs="+", default=["two-call", "one-trip"])
+    parser.add_argument("--profile", action="store_true", help="add one profiled run")
+    parser.add_argument("--db", default="prefloop_bench_load")
+    parser.add_argument("--reference-db", default="lean_reference_bench")
+    parser.add_argument("--broker", default="redis://127.0.0.1:6379/7")
+    parser.add_argument("--drain", type=float, default=2.0, help="seconds for QC to finish")
     args = parser.parse_args()
+    # A throwaway secret: nothing signed with it outlives the benchmark.
+    args.secret = secrets.token_urlsafe(50)
+    if args.reference:
+        _recreate_db(args.reference_db)
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
-        "clients judgments  j/s   next_p50 next_p95 submit_p50 submit_p95 cpu_ms/j "
-        "double lost dup errors gold repeats"
+        "  server    loop     N  judgm    j/s  next50  next95 subm95  cpu_ms  dbl lost dup "
+        "errs paused(seen/members) qc load"
     )
+    summary = []
     for n in args.clients:
-        r = run(n, args)
+        refs, ours = [], {loop: [] for loop in args.loops}
+        for _ in range(args.repeats):
+            if args.reference:
+                refs.append(run(server="reference", loop="two-call", n_clients=n, args=args))
+                _print_row(refs[-1])
+            for loop in args.loops:
+                ours[loop].append(run(server="ours", loop=loop, n_clients=n, args=args))
+                _print_row(ours[loop][-1])
+        if args.reference:
+            for loop in args.loops:
+                summary.append((n, loop, _ratios(ours[loop], refs), ours[loop]))
+    if summary:
         print(
-            f"{r['clients']:7d} {r['judgments']:9d} {r['judgments_per_s']:5.1f} "
-            f"{r['next_p50_ms']:8.1f} {r['next_p95_ms']:8.1f} {r['submit_p50_ms']:10.1f} "
-            f"{r['submit_p95_ms']:10.1f} {r['server_cpu_ms_per_judgment']:8.2f} "
-            f"{r['double_serves']:6d} {r['lost_submits']:4d} {r['duplicated_submits']:3d} "
-            f"{r['errors']:6d} {r['gold_judgments']:4d} {r['repeat_judgments']:7d}",
-            flush=True,
+            "\nMedian ratios, ours / reference (the reference always runs its two calls; for "
+            "ours one-trip, 'next' is the submit that returns the next item):"
         )
+        print("  N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load  failures")
+        for n, loop, ratio, rows in summary:
+            bad = sum(r["double_serves"] + r["lost"] + r["duplicated"] + r["errors"] for r in rows)
+            load = statistics.median(r["load"] for r in rows)
+            print(
+                f"  {n:2d} {loop:9s} {ratio['jps']:5.2f}x {ratio['next_p50']:7.2f}x "
+                f"{ratio['next_p95']:7.2f}x {ratio['cpu_ms']:9.2f}x   {load:5.2f}  {bad}"
+            )
+        pauses = sum(r["paused_seen"] for *_, rows in summary for r in rows)
+        members = sum(r["paused_members"] for *_, rows in summary for r in rows)
+        checks = sum(r["qc_checks"] for *_, rows in summary for r in rows)
+        print(
+            f"QC: {checks} checks run by the worker during the runs; pauses seen: {pauses} "
+            f"refused calls, {members} paused memberships at the end"
+        )
+    if args.profile:
+        profile_run(max(args.clients), args)
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
