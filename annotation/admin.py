@@ -4,11 +4,12 @@ Judgments are read-only here and nothing that holds them can be deleted (their f
 PROTECT): users are deactivated and projects and rounds archived, through the actions below.
 """
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 
-from annotation import accounts
+from annotation import accounts, projects
 from annotation.models import (
     Adjudication,
     Assignment,
@@ -33,8 +34,25 @@ class MembershipInline(admin.TabularInline):
     readonly_fields = ["judgment_count"]
 
 
+class ProjectForm(forms.ModelForm):
+    """Check a project's settings by the same rules as the API's create view."""
+
+    class Meta:
+        model = Project
+        fields = list(projects.PROJECT_SETTINGS)
+
+    def clean(self):
+        cleaned = super().clean()
+        if set(projects.PROJECT_SETTINGS) <= set(cleaned):  # each field passed its own checks
+            settings = {name: cleaned[name] for name in projects.PROJECT_SETTINGS}
+            for field, text in projects.project_problems(settings=settings).items():
+                self.add_error(field, text)  # NON_FIELD_ERRORS names the whole form
+        return cleaned
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
+    form = ProjectForm
     list_display = [
         "name",
         "task_kind",
@@ -50,6 +68,15 @@ class ProjectAdmin(admin.ModelAdmin):
     readonly_fields = ["archived"]
     inlines = [MembershipInline]
     actions = ["archive_projects", "unarchive_projects"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        settings = {name: form.cleaned_data[name] for name in projects.PROJECT_SETTINGS}
+        # The inline memberships are saved against this same object, so it takes the new row.
+        obj.pk = projects.project_create(settings=settings).pk
+        obj.refresh_from_db()
 
     @admin.action(description="Archive the selected projects (hide from annotators, keep data)")
     def archive_projects(self, request, queryset):

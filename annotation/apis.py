@@ -4,6 +4,7 @@ Annotator-facing responses never carry model names, checkpoints, gold flags, ass
 kinds or other people's labels; researcher-only endpoints check the caller's role.
 """
 
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
@@ -11,13 +12,14 @@ from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
+from rest_framework.settings import api_settings as drf_api_settings
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from annotation import access, errors, selectors, services
+from annotation import access, errors, projects, selectors, services
 from annotation.apis_imports import ImportJobOutput, declared_upload_too_large, import_now_or_queue
 from annotation.imports import items_import
-from annotation.models import Membership, Project, Round, TaskKind
+from annotation.models import Membership, Project, Round
 from annotation.pagination import paginate
 
 
@@ -171,48 +173,22 @@ class ProgressOutput(serializers.Serializer):
     my_judgments = serializers.IntegerField()
 
 
+def _drf_problems(problems: dict[str, str]) -> dict[str, list[str]]:
+    non_field = drf_api_settings.NON_FIELD_ERRORS_KEY
+    return {non_field if f == NON_FIELD_ERRORS else f: [text] for f, text in problems.items()}
+
+
 class ProjectListApi(APIView):
     @extend_schema_serializer(component_name="ProjectListInput")
     class InputSerializer(serializers.ModelSerializer):
         class Meta:
             model = Project
-            fields = [
-                "name",
-                "rubric",
-                "task_kind",
-                "k",
-                "overlap",
-                "gold_rate",
-                "repeat_rate",
-                "repeat_min_gap",
-                "lease_seconds",
-                "max_skip_fraction",
-                "max_skips_in_row",
-                "skip_fraction_min_served",
-                "allow_tie",
-                "allow_both_bad",
-                "ask_strength",
-                "ask_confidence",
-                "ask_rationale",
-                "max_text_chars",
-            ]
+            fields = list(projects.PROJECT_SETTINGS)
 
         def validate(self, attrs):
-            kind = attrs.get("task_kind", TaskKind.PAIRWISE)
-            k = attrs.get("k", 2)
-            if kind == TaskKind.PAIRWISE and k != 2:
-                raise serializers.ValidationError({"k": "A pairwise project has k = 2."})
-            if not 2 <= k <= 8:
-                raise serializers.ValidationError({"k": "k must be from 2 to 8."})
-            for rate in ("gold_rate", "repeat_rate", "max_skip_fraction"):
-                if not 0 <= attrs.get(rate, 0) <= 1:
-                    raise serializers.ValidationError({rate: "must be between 0 and 1."})
-            if attrs.get("gold_rate", 0) + attrs.get("repeat_rate", 0) > 1:
-                raise serializers.ValidationError("gold_rate + repeat_rate must be at most 1.")
-            if attrs.get("lease_seconds", 300) < 10:
-                raise serializers.ValidationError({"lease_seconds": "must be at least 10."})
-            if attrs.get("overlap", 3) < 1:
-                raise serializers.ValidationError({"overlap": "must be at least 1."})
+            problems = projects.project_problems(settings=attrs)
+            if problems:
+                raise serializers.ValidationError(_drf_problems(problems))
             return attrs
 
     @extend_schema(responses=ProjectOutput(many=True))
@@ -226,8 +202,9 @@ class ProjectListApi(APIView):
             raise PermissionDenied("Only staff may create projects.")
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        project = serializer.save()
-        services.membership_set(project=project, user=request.user, role=Membership.Role.RESEARCHER)
+        project = projects.project_create(
+            settings=serializer.validated_data, researcher=request.user
+        )
         return Response(ProjectResearcherOutput(project).data, status=status.HTTP_201_CREATED)
 
 
