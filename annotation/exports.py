@@ -80,6 +80,7 @@ from django.db.models import Count, Q, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from annotation import labels
 from annotation.dedup import DedupTracker, MinHasher, preview
 from annotation.errors import ServiceError
 from annotation.imports import render_hh
@@ -401,18 +402,6 @@ def prompt_groups(project: Project, policy: ExportPolicy) -> Iterator[PromptGrou
             yield PromptGroup(prompt_id, messages or text, chash, group_key, units)
 
 
-def _remap(label, perm: list[int]):
-    """Turn a label given in another item's position order into this unit's order."""
-    if isinstance(label, list):
-        out = [0] * len(label)
-        for pos, rank in enumerate(label):
-            out[perm[pos]] = rank
-        return out
-    if label in ("A", "B") and perm[0] == 1:
-        return "B" if label == "A" else "A"
-    return label
-
-
 def _merge_units(group: PromptGroup, tracker: DedupTracker, merge: bool) -> list[Unit]:
     """Count response and pair duplicates in a prompt; merge items with the same answers.
 
@@ -449,7 +438,7 @@ def _merge_units(group: PromptGroup, tracker: DedupTracker, merge: bool) -> list
                 order = [a[1] for a in first.answers]
                 perm = [order.index(h) for h in hashes]
                 for vote in unit.votes:
-                    vote.label = _remap(vote.label, perm)
+                    vote.label = labels.relabel(vote.label, perm)
                 first.votes.extend(unit.votes)
                 first.item_ids.extend(unit.item_ids)
                 first.rounds |= unit.rounds
@@ -480,14 +469,6 @@ class Decision:
     group_id: str
 
 
-def _pair_label(ranking: list[int], i: int, j: int) -> str:
-    if ranking[i] < ranking[j]:
-        return "A"
-    if ranking[i] > ranking[j]:
-        return "B"
-    return "tie"
-
-
 def _decision_votes(unit: Unit) -> dict[tuple[int, int], list[tuple[Vote, str]]]:
     """Return {(i, j): [(vote, "A"/"B"/"tie"/"both_bad")]} for each compared answer pair."""
     k = len(unit.answers)
@@ -496,9 +477,8 @@ def _decision_votes(unit: Unit) -> dict[tuple[int, int], list[tuple[Vote, str]]]
         if isinstance(vote.label, list):
             if len(vote.label) != k:
                 continue
-            for i in range(k):
-                for j in range(i + 1, k):
-                    out[(i, j)].append((vote, _pair_label(vote.label, i, j)))
+            for i, j, outcome in labels.ranking_outcomes(vote.label):
+                out[(i, j)].append((vote, outcome))
         elif k == 2:
             out[(0, 1)].append((vote, vote.label))
     return out

@@ -27,11 +27,10 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
-from annotation import hooks, sql
+from annotation import hooks, labels, sql
 from annotation.errors import Conflict, Forbidden, NotFound, ServiceError, SkipBudgetSpent
 from annotation.models import (
     Assignment,
-    Choice,
     Item,
     Judgment,
     LabelSource,
@@ -450,8 +449,7 @@ def _pairwise_to_canonical(*, project: Project, shown: str, order: list[int]) ->
         raise ServiceError("This project does not allow 'both bad'.", code="choice_disabled")
     if shown in ("tie", "both_bad"):
         return shown
-    canonical_position = order[0 if shown == "A" else 1]
-    return Choice.A if canonical_position == 0 else Choice.B
+    return labels.choice_to_canonical(shown, order)
 
 
 def _ranking_to_canonical(*, project: Project, ranks, order: list[int]) -> list[int]:
@@ -470,10 +468,7 @@ def _ranking_to_canonical(*, project: Project, ranks, order: list[int]) -> list[
         raise ServiceError(
             "ranks must start at 1 with no gaps (ties share a rank).", code="ranking"
         )
-    canonical = [0] * k
-    for slot, rank in enumerate(ranks):
-        canonical[order[slot]] = rank
-    return canonical
+    return labels.ranking_to_canonical(ranks, order)
 
 
 def judgment_submit(

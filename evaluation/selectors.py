@@ -27,6 +27,7 @@ from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import Length
 
 from annotation.exports import gold_weights
+from annotation.labels import PAIRWISE_LABELS, label_of, label_text, shown_side, top_positions
 from annotation.models import (
     Adjudication,
     Assignment,
@@ -70,7 +71,6 @@ from evaluation.stats.quality import (
 # (never skipping) they are no part of anyone's skip-rate pool.
 MACHINE_SOURCES = (LabelSource.SIMULATED, LabelSource.AI)
 
-PAIRWISE_LABELS = ("A", "B", "tie", "both_bad")
 LABEL_CODE = {label: code for code, label in enumerate(PAIRWISE_LABELS)}
 # Human labels first; every other source is reported beside them, never mixed in.
 SOURCE_ORDER = (LabelSource.HUMAN, LabelSource.AI, LabelSource.SIMULATED, LabelSource.IMPORTED)
@@ -139,22 +139,6 @@ def _rater_names(raters: Iterable[Rater]) -> dict[Rater, str]:
         if not isinstance(rater, int):
             names[rater] = rater[4:]
     return names
-
-
-def _label(choice: str, ranking: list | None) -> str | tuple[int, ...]:
-    """Return a judgment's canonical label: the choice, or the ranks as a tuple."""
-    return choice if choice else tuple(ranking)
-
-
-def _label_text(label: str | tuple[int, ...]) -> str:
-    """Return a hashable, comparable text form of a label ("A", or "1,2,3" for ranks)."""
-    return label if isinstance(label, str) else ",".join(map(str, label))
-
-
-def _top(ranks: tuple[int, ...]) -> str:
-    """Return the best-ranked position(s) of a ranking, e.g. "0" or "0+2" when tied."""
-    best = min(ranks)
-    return "+".join(str(position) for position, rank in enumerate(ranks) if rank == best)
 
 
 def _modes(counts: Counter) -> set:
@@ -231,7 +215,9 @@ def _votes(
         "item__round__number",
     )
     return [
-        _Vote(item_id, _rater_key(annotator_id, external), source, _label(choice, ranking), number)
+        _Vote(
+            item_id, _rater_key(annotator_id, external), source, label_of(choice, ranking), number
+        )
         for item_id, annotator_id, external, source, choice, ranking, number in rows
     ]
 
@@ -716,7 +702,7 @@ def label_distribution(
             table = rank_counts.setdefault(source, np.zeros((project.k, project.k), dtype=int))
             table[np.arange(project.k), np.asarray(ranks) - 1] += 1
             totals[source] += 1
-            side = _shown_side(shown)
+            side = shown_side(shown)
             if side:
                 sides[source][side] += 1
         for source in _sources_in_order(rank_counts):
@@ -741,22 +727,6 @@ def _sides(counter: Counter) -> dict:
         "right": right,
         "left_share": left / (left + right) if left + right else None,
     }
-
-
-def _shown_side(shown: str) -> str | None:
-    """Return "left"/"right" for an A/B press, or for a ranking whether slot A beat slot B."""
-    if shown == "A":
-        return "left"
-    if shown == "B":
-        return "right"
-    if "," in shown:
-        try:
-            first, second = (int(x) for x in shown.split(",")[:2])
-        except ValueError:
-            return None
-        if first != second:
-            return "left" if first < second else "right"
-    return None
 
 
 # ---- annotator quality ---------------------------------------------------------------------
@@ -838,13 +808,13 @@ def _gold_key(label: str | tuple[int, ...], gold: Any) -> tuple[Any, Any]:
     if isinstance(label, str):
         return label, gold
     if not isinstance(gold, list):
-        return _top(label), None
-    return _top(label), _top(tuple(gold))
+        return top_positions(label), None
+    return top_positions(label), top_positions(tuple(gold))
 
 
 def _consensus_label(label: str | tuple[int, ...]) -> str:
     """Return the label compared with the crowd: the choice, or a ranking's best answer."""
-    return label if isinstance(label, str) else _top(label)
+    return label if isinstance(label, str) else top_positions(label)
 
 
 def _resumed_since(*, project: Project, annotator_ids: list[int] | None) -> dict[int, datetime]:
@@ -908,7 +878,7 @@ def annotator_quality(
     item_ids = sorted({row[2] for row in own_rows})
 
     originals = {
-        assignment_id: _label(choice, ranking)
+        assignment_id: label_of(choice, ranking)
         for assignment_id, choice, ranking in Judgment.objects.filter(
             assignment_id__in=[row[9] for row in own_rows if row[9] is not None]
         ).values_list("assignment_id", "choice", "ranking")
@@ -961,7 +931,7 @@ def annotator_quality(
         if annotator_id in since and created <= since[annotator_id]:
             continue
         rater = _rater_key(annotator_id, external)
-        crowd[source].append((rater, item_id, _consensus_label(_label(choice, ranking))))
+        crowd[source].append((rater, item_id, _consensus_label(label_of(choice, ranking))))
         if ms:
             pool_seconds[(source, item_id)].append(ms / 1000)
     consensus = {
@@ -982,14 +952,14 @@ def annotator_quality(
         answers, golds, pairs, sides = [], [], [], []
         seconds, lengths, pool = [], [], []
         for row in rows:
-            label = _label(row[3], row[4])
+            label = label_of(row[3], row[4])
             if row[10] and row[11] is not None and not row[8]:
                 answer, gold = _gold_key(label, row[11])
                 answers.append(answer)
                 golds.append(gold)
             if row[8] and row[9] in originals:
-                pairs.append((_label_text(originals[row[9]]), _label_text(label)))
-            side = _shown_side(row[5])
+                pairs.append((label_text(originals[row[9]]), label_text(label)))
+            side = shown_side(row[5])
             if side:
                 sides.append(side)
             # The server's figure first: a client that leaves out its own cannot dodge this.
@@ -1184,7 +1154,7 @@ def item_split(labels: list, *, ranking: bool) -> tuple[float | None, int]:
     Ranking: the share of rankings that put the most often top-ranked answer first.
     """
     if ranking:
-        tops = Counter(_top(tuple(ranks)) for ranks in labels)
+        tops = Counter(top_positions(tuple(ranks)) for ranks in labels)
         n = sum(tops.values())
         return (max(tops.values()) / n if n else None), n
     counts = Counter(label for label in labels if label in ("A", "B"))
@@ -1302,7 +1272,7 @@ def _review_items(items: list[Item], ranking: bool) -> list[dict]:
 def _vote_counts(labels: list) -> dict[str, int]:
     """Count labels by their text form ("A", or "1,2,3" for a ranking)."""
     return dict(
-        Counter(label if isinstance(label, str) else _label_text(tuple(label)) for label in labels)
+        Counter(label if isinstance(label, str) else label_text(tuple(label)) for label in labels)
     )
 
 

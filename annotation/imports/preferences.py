@@ -31,6 +31,7 @@ from annotation.imports.preference_lines import (
     lines_read,
     parse_line,
 )
+from annotation.labels import pair_outcome
 from annotation.models import (
     Item,
     ItemCandidate,
@@ -243,7 +244,7 @@ def _write_chunk(
             ]
             new_items[key] = (item, slots)
         if project.task_kind == TaskKind.PAIRWISE and ranking is not None:
-            choice = "A" if ranking[0] < ranking[1] else "B" if ranking[0] > ranking[1] else "tie"
+            choice = pair_outcome(ranking, 0, 1)
             ranking = None
         elif project.task_kind == TaskKind.RANKING and choice is not None:
             ranking = [1, 2] if choice == "A" else [2, 1]

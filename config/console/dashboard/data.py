@@ -23,8 +23,8 @@ from typing import Any
 from django.db.models import Count, IntegerField, Max, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce, Length
 
+from annotation.labels import pair_outcome
 from annotation.models import (
-    Choice,
     Item,
     ItemCandidate,
     Judgment,
@@ -127,9 +127,8 @@ def pairwise_battles(judgments: Iterable[dict], slots: dict[int, list[tuple]]) -
         for (i, model_a, len_a), (k, model_b, len_b) in combinations(item_slots, 2):
             if model_a == model_b:
                 continue
-            ra, rb = ranking[i], ranking[k]
-            outcome = Choice.A if ra < rb else Choice.B if rb < ra else Choice.TIE
-            battles.append(Battle(prompt, model_a, model_b, str(outcome), len_a, len_b))
+            outcome = pair_outcome(ranking, i, k)
+            battles.append(Battle(prompt, model_a, model_b, outcome, len_a, len_b))
     return battles
 
 

@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 
 from django.contrib.auth import get_user_model
 
+from annotation.labels import ranking_to_shown
 from annotation.models import LabelSource, TaskKind
 from config.console.dashboard.data import ProjectData
 from config.console.dashboard.panel import Panel, empty, number
@@ -235,7 +236,7 @@ def _ranking_position_panel(data: ProjectData, human: list[dict]) -> Panel:
         ranking, order = j["ranking"], j["assignment__display_order"]
         if not ranking or len(order) != len(ranking):
             continue
-        ranks = [ranking[position] for position in order]
+        ranks = ranking_to_shown(ranking, order)
         best = min(ranks)
         if ranks.count(best) != 1:
             continue
