@@ -16,6 +16,7 @@ from typing import IO
 
 from django.db import transaction
 
+from annotation.dedup import DedupTracker
 from annotation.imports.formats import content_hash, normalise, rows_read, validate_messages
 from annotation.imports.limits import BATCH, MAX_ERRORS_REPORTED, ImportFailed
 from annotation.models import (
@@ -28,6 +29,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
+from annotation.services import round_create
 
 GENERATION_KEYS = {
     "batch",  # [start, size, row] of a batched generate() call: needed to reproduce a sample
@@ -59,6 +61,39 @@ class ImportReport:
     dedup: dict = field(default_factory=dict)
     round_id: int | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def _candidate_problems(cands: list, *, limit: int) -> tuple[list[dict], list[str]]:
+    """Return (candidates as dicts, problems) for a row's candidate list."""
+    problems: list[str] = []
+    clean_cands = []
+    for i, c in enumerate(cands):
+        if isinstance(c, str):
+            c = {"text": c}
+        if not isinstance(c, dict):
+            problems.append(f"candidates[{i}] must be an object or a string")
+            continue
+        extra = set(c) - {"text", "model_name", "checkpoint_id", "generation_config"}
+        if extra:
+            problems.append(f"candidates[{i}] has unknown field(s): {', '.join(sorted(extra))}")
+        text = c.get("text")
+        if not isinstance(text, str) or not text.strip():
+            problems.append(f"candidates[{i}].text must be a non-empty string")
+        elif len(text) > limit:
+            problems.append(f"candidates[{i}].text is longer than {limit} characters")
+        for key in ("model_name", "checkpoint_id"):
+            if not isinstance(c.get(key, ""), str) or len(c.get(key, "")) > 200:
+                problems.append(f"candidates[{i}].{key} must be a string (≤ 200 characters)")
+        gen = c.get("generation_config", {})
+        if not isinstance(gen, dict):
+            problems.append(f"candidates[{i}].generation_config must be an object")
+        else:
+            bad = set(gen) - GENERATION_KEYS
+            if bad:
+                keys = ", ".join(sorted(bad))
+                problems.append(f"candidates[{i}].generation_config has unknown key(s): {keys}")
+        clean_cands.append(c)
+    return clean_cands, problems
 
 
 def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
@@ -100,33 +135,8 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
         cands = []
     elif len(cands) != project.k:
         problems.append(f"expected {project.k} candidates, got {len(cands)}")
-    clean_cands = []
-    for i, c in enumerate(cands):
-        if isinstance(c, str):
-            c = {"text": c}
-        if not isinstance(c, dict):
-            problems.append(f"candidates[{i}] must be an object or a string")
-            continue
-        extra = set(c) - {"text", "model_name", "checkpoint_id", "generation_config"}
-        if extra:
-            problems.append(f"candidates[{i}] has unknown field(s): {', '.join(sorted(extra))}")
-        text = c.get("text")
-        if not isinstance(text, str) or not text.strip():
-            problems.append(f"candidates[{i}].text must be a non-empty string")
-        elif len(text) > limit:
-            problems.append(f"candidates[{i}].text is longer than {limit} characters")
-        for key in ("model_name", "checkpoint_id"):
-            if not isinstance(c.get(key, ""), str) or len(c.get(key, "")) > 200:
-                problems.append(f"candidates[{i}].{key} must be a string (≤ 200 characters)")
-        gen = c.get("generation_config", {})
-        if not isinstance(gen, dict):
-            problems.append(f"candidates[{i}].generation_config must be an object")
-        else:
-            bad = set(gen) - GENERATION_KEYS
-            if bad:
-                keys = ", ".join(sorted(bad))
-                problems.append(f"candidates[{i}].generation_config has unknown key(s): {keys}")
-        clean_cands.append(c)
+    clean_cands, candidate_problems = _candidate_problems(cands, limit=limit)
+    problems.extend(candidate_problems)
     texts = [c.get("text") for c in clean_cands if isinstance(c.get("text"), str)]
     if len({normalise(t) for t in texts}) < len(texts):
         problems.append("two candidates of one item have the same text")
@@ -146,23 +156,13 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
     return {**row, "candidates": clean_cands, "id": str(ext_id)}, []
 
 
-def items_import(
-    *,
-    project: Project,
-    stream: IO,
-    fmt: str = "jsonl",
-    round_: Round | None = None,
-    progress: Callable[[int], None] | None = None,
+def _check_file(
+    *, project: Project, stream: IO, fmt: str, round_: Round | None, progress
 ) -> ImportReport:
-    """Validate a whole file, then create its prompts, candidates and items atomically.
-
-    ``progress(n)`` is called with the number of rows just handled, in both passes.
-    """
+    """Read the whole file once; raise ImportFailed listing every bad line, else report it."""
     errors: list[tuple[int, str]] = []
     total_bad = 0
     seen_ids: set[str] = set()
-    from annotation.dedup import DedupTracker
-
     tracker = DedupTracker()
     seen_pairs: set[frozenset] = set()
     report = ImportReport()
@@ -208,9 +208,22 @@ def items_import(
     del tracker, seen_pairs
     if n_rows == 0:
         raise ImportFailed([(0, "the file holds no rows")], 1)
+    return report
 
-    from annotation.services import round_create
 
+def items_import(
+    *,
+    project: Project,
+    stream: IO,
+    fmt: str = "jsonl",
+    round_: Round | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ImportReport:
+    """Validate a whole file, then create its prompts, candidates and items atomically.
+
+    ``progress(n)`` is called with the number of rows just handled, in both passes.
+    """
+    report = _check_file(project=project, stream=stream, fmt=fmt, round_=round_, progress=progress)
     with transaction.atomic():
         round_ = round_ or round_create(project=project)
         report.round_id = round_.pk
