@@ -169,8 +169,5 @@ def human_agreement_context_panel(data: ProjectData) -> Panel:
     panel = agreement_panel(data)
     panel.title = "Human-human agreement (context for RM accuracy)"
     panel.extra = {}
-    panel.note = (
-        "Annotators disagree too; RM accuracy is read against this, not against 100% "
-        "(seed spec §9.1)."
-    )
+    panel.note = "Annotators disagree too; RM accuracy is read against this, not against 100%."
     return panel

@@ -133,7 +133,7 @@ def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
         chart=chart,
         wide=True,
         show_table=False,
-        note="Read together (seed spec §9.4): reward rising with KL exploding, length growing "
+        note="Read together: reward rising with KL exploding, length growing "
         "or entropy collapsing is the reward-hacking pattern. Smoothing: debiased EMA 0.6. "
         "Dashed lines mark alarms.",
     )
