@@ -2,7 +2,9 @@
 
 annotation imports none of the other apps (see `.importlinter`), yet a submit must start
 quality control: evaluation registers its handler in `EvaluationConfig.ready`, and the
-submit calls whatever is registered once its transaction has committed.
+submit calls whatever is registered once its transaction has committed. Likewise simulated
+annotators score answers with the true reward of a known task domain (training's demo
+registers one in `TrainingConfig.ready`).
 """
 
 from collections.abc import Callable
@@ -10,6 +12,11 @@ from collections.abc import Callable
 JudgmentSubmitted = Callable[..., object]
 
 _after_judgment_submitted: list[JudgmentSubmitted] = []
+
+# (prompt, answer) -> score; raises ValueError for a prompt outside its domain
+AnswerScorer = Callable[[str, str], float]
+
+_answer_scorers: list[AnswerScorer] = []
 
 
 def on_judgment_submitted(handler: JudgmentSubmitted) -> JudgmentSubmitted:
@@ -23,3 +30,15 @@ def judgment_submitted(*, project_id: int, annotator_id: int, judgment_count: in
     """Call every registered handler for a committed judgment."""
     for handler in list(_after_judgment_submitted):
         handler(project_id=project_id, annotator_id=annotator_id, judgment_count=judgment_count)
+
+
+def on_score_answer(scorer: AnswerScorer) -> AnswerScorer:
+    """Register a known domain's true reward for simulated annotators."""
+    if scorer not in _answer_scorers:
+        _answer_scorers.append(scorer)
+    return scorer
+
+
+def answer_scorers() -> tuple[AnswerScorer, ...]:
+    """Return the registered true rewards, in registration order."""
+    return tuple(_answer_scorers)

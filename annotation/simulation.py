@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import requests
 
+from annotation import hooks
+
 ScoreFn = Callable[[str, str], float]
 
 
@@ -53,13 +55,13 @@ def hidden_quality(text: str) -> float:
 
 
 def default_score(prompt: str, answer: str) -> float:
-    """Score with the demo domain's true reward when the prompt is a demo prompt, else latent."""
-    from training import demo
-
-    try:
-        return demo.true_reward(prompt, answer)
-    except ValueError:
-        return hidden_quality(answer)
+    """Score with a registered domain's true reward (e.g. the demo's) if one knows the prompt."""
+    for scorer in hooks.answer_scorers():
+        try:
+            return scorer(prompt, answer)
+        except ValueError:
+            continue
+    return hidden_quality(answer)
 
 
 def prompt_text(payload: dict) -> str:

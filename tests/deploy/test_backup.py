@@ -17,7 +17,6 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from annotation import services
-from annotation.management.commands.export_all_labels import KINDS, exported_fields
 from annotation.models import (
     Adjudication,
     Assignment,
@@ -33,6 +32,7 @@ from annotation.models import (
     TaskKind,
 )
 from tests.factories import add_member, make_items, make_project, make_user
+from training.management.commands.export_all_labels import KINDS, exported_fields
 from training.models import ModelVersion
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import models, transaction
 
-from annotation.management.commands.export_all_labels import (
+from annotation.models import Judgment, Membership, Project
+from training.management.commands.export_all_labels import (
     FORMAT,
     FORMAT_VERSION,
     KINDS,
@@ -24,7 +25,6 @@ from annotation.management.commands.export_all_labels import (
     is_user_field,
     open_text,
 )
-from annotation.models import Judgment, Membership, Project
 
 BATCH = 1000
 KIND_BY_TYPE = {kind.type: kind for kind in KINDS}
