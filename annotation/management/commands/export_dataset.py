@@ -24,7 +24,7 @@ class Command(BaseCommand):
     help = (
         "Export judgments as an immutable snapshot under ARTIFACT_ROOT/datasets/<project>/"
         "<version>/ (train/validation/test.jsonl, manifest.json, hf/). Every policy is "
-        "recorded in the manifest; see annotation/exports.py for their meaning."
+        "recorded in the manifest; see annotation/exports/ (policy.py) for their meaning."
     )
 
     def add_arguments(self, parser):
