@@ -31,7 +31,9 @@ class MembershipInline(admin.TabularInline):
     extra = 0
     autocomplete_fields = ["user"]
     fields = ["user", "role", "status", "flagged", "status_reason", "judgment_count"]
-    readonly_fields = ["judgment_count"]
+    # Pausing and resuming go through the QC services (the Membership page), which keep the
+    # record the next QC check reads; a switch here would skip it.
+    readonly_fields = ["status", "flagged", "status_reason", "judgment_count"]
 
 
 class ProjectForm(forms.ModelForm):
@@ -96,7 +98,8 @@ class MembershipAdmin(admin.ModelAdmin):
     list_display = ["user", "project", "role", "status", "flagged", "judgment_count"]
     list_filter = ["role", "status", "flagged", "project"]
     search_fields = ["user__username", "project__name"]
-    list_editable = ["status", "flagged"]
+    # The status switch lives in evaluation/admin.py, which routes it through the QC services.
+    readonly_fields = ["flagged", "status_reason", "judgment_count"]
 
 
 @admin.register(Round)
@@ -204,12 +207,37 @@ class AdjudicationAdmin(admin.ModelAdmin):
     list_display = ["id", "item", "reviewer", "choice", "created_at"]
     raw_id_fields = ["item"]
 
+    # A verdict is made by adjudication_create (review page, QC API), which also takes the
+    # item off the review queue; a row saved here would leave it queued.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(DatasetVersion)
 class DatasetVersionAdmin(admin.ModelAdmin):
     list_display = ["project", "version", "name", "status", "content_hash", "created_at"]
     list_filter = ["project", "status"]
-    readonly_fields = ["content_hash", "split_counts", "policies", "filters", "source_rounds"]
+    readonly_fields = [
+        "project",
+        "version",
+        "format",
+        "status",
+        "path",
+        "error",
+        "content_hash",
+        "split_counts",
+        "policies",
+        "filters",
+        "source_rounds",
+    ]
+
+    # An export is recorded and built by the export services (console, API); a row added
+    # here would never be built.
+    def has_add_permission(self, request):
+        return False
 
 
 User = get_user_model()

@@ -42,6 +42,11 @@ class TrainingRunAdmin(admin.ModelAdmin):
     ]
     actions = ["cancel_runs", "resume_runs"]
 
+    # A run is created and queued by training_run_create (console, API, loop); a row added
+    # here would never be queued or checked against the config policy.
+    def has_add_permission(self, request):
+        return False
+
     @admin.action(description="Cancel the selected runs")
     def cancel_runs(self, request, queryset):
         self._apply(request, queryset, services.training_run_cancel, "cancelled")
