@@ -32,9 +32,16 @@ class LabelSource(models.TextChoices):
 
 
 class Project(models.Model):
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(
+        max_length=200, unique=True, help_text="Shown to annotators in their project list."
+    )
     rubric = models.TextField(blank=True, help_text="Guidelines shown to annotators.")
-    task_kind = models.CharField(max_length=16, choices=TaskKind.choices, default=TaskKind.PAIRWISE)
+    task_kind = models.CharField(
+        max_length=16,
+        choices=TaskKind.choices,
+        default=TaskKind.PAIRWISE,
+        help_text="Pick the better of two answers, or rank k answers.",
+    )
     k = models.PositiveSmallIntegerField(default=2, help_text="Candidates per item (2 for A/B).")
     overlap = models.PositiveSmallIntegerField(default=3, help_text="Annotators per item.")
     gold_rate = models.FloatField(default=0.0, help_text="Share of served items that are gold.")
@@ -42,7 +49,9 @@ class Project(models.Model):
     repeat_min_gap = models.PositiveIntegerField(
         default=5, help_text="Judgments an annotator makes before an item may be repeated."
     )
-    lease_seconds = models.PositiveIntegerField(default=300)
+    lease_seconds = models.PositiveIntegerField(
+        default=300, help_text="Seconds an annotator holds an item before it is served again."
+    )
     max_skip_fraction = models.FloatField(
         default=0.2,
         help_text="Share of an annotator's served items they may skip (1 for no limit).",
@@ -53,12 +62,21 @@ class Project(models.Model):
     skip_fraction_min_served = models.PositiveIntegerField(
         default=20, help_text="Items an annotator is served before their skip share is judged."
     )
-    allow_tie = models.BooleanField(default=True)
-    allow_both_bad = models.BooleanField(default=True)
-    ask_strength = models.BooleanField(default=False)
-    ask_confidence = models.BooleanField(default=False)
-    ask_rationale = models.BooleanField(default=False)
-    max_text_chars = models.PositiveIntegerField(default=100_000)
+    allow_tie = models.BooleanField(default=True, help_text="Offer a Tie answer.")
+    allow_both_bad = models.BooleanField(default=True, help_text="Offer a Both bad answer.")
+    ask_strength = models.BooleanField(
+        default=False,
+        help_text="Ask how much better (slightly or much); exports use it as a margin.",
+    )
+    ask_confidence = models.BooleanField(
+        default=False, help_text="Ask how sure the annotator is (1 guess to 5 certain)."
+    )
+    ask_rationale = models.BooleanField(
+        default=False, help_text="Ask for a short written reason with each answer."
+    )
+    max_text_chars = models.PositiveIntegerField(
+        default=100_000, help_text="Longest prompt or answer an import accepts, in characters."
+    )
     # Archived instead of deleted: not served or listed to annotators, still readable and
     # exportable by its researchers, its judgments kept.
     archived = models.BooleanField(default=False)
