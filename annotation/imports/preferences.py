@@ -21,6 +21,7 @@ from typing import IO
 from django.db import transaction
 
 from annotation.dedup import DedupTracker, MinHasher, key64, pair_key
+from annotation.errors import Conflict
 from annotation.imports.formats import content_hash
 from annotation.imports.items import candidates_get_or_create, prompts_get_or_create
 from annotation.imports.limits import BATCH, MAX_ERRORS_REPORTED, ImportFailed
@@ -41,6 +42,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
+from annotation.services import round_close, round_create
 
 
 @dataclass
@@ -66,31 +68,10 @@ class PreferenceImportReport:
         return dict(self.__dict__)
 
 
-def preferences_import(
-    *,
-    project: Project,
-    stream: IO,
-    fmt: str,
-    batch: str = "",
-    round_: Round | None = None,
-    serve: bool = False,
-    near_duplicates: bool = False,
-    progress: Callable[[int], None] | None = None,
+def _check_file(
+    *, project: Project, stream: IO, fmt: str, batch: str, near_duplicates: bool, progress
 ) -> PreferenceImportReport:
-    """Validate a whole preference file, then write its items and judgments atomically.
-
-    Without ``round_`` a new round is opened for the batch and closed after the import
-    (unless ``serve``), so the imported items are not handed to annotators.
-    ``progress(n)`` is called with the number of lines just handled, in both passes.
-    """
-    if fmt not in FORMATS:
-        raise ImportFailed([(0, f"format must be one of {', '.join(FORMATS)}")], 1)
-    if fmt in ("hh", "trl") and project.k != 2:
-        raise ImportFailed([(0, f"{fmt} pairs need a project with k = 2")], 1)
-    if batch and not BATCH_NAME.match(batch):
-        raise ImportFailed([(0, "batch must be 1-60 letters, digits, '.', '-' or '_'")], 1)
-
-    # Pass 1: validate every line, hash the file, count duplicates.
+    """Read every line once: raise ImportFailed listing each bad one, else report the file."""
     report = PreferenceImportReport()
     errors: list[tuple[int, str]] = []
     total_bad = 0
@@ -140,10 +121,42 @@ def preferences_import(
     report.ignored_fields = dict(ignored)
     report.dedup = tracker.report()
     del tracker, seen_ids
+    return report
 
-    from annotation.errors import Conflict
-    from annotation.services import round_close, round_create
 
+def preferences_import(
+    *,
+    project: Project,
+    stream: IO,
+    fmt: str,
+    batch: str = "",
+    round_: Round | None = None,
+    serve: bool = False,
+    near_duplicates: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> PreferenceImportReport:
+    """Validate a whole preference file, then write its items and judgments atomically.
+
+    Without ``round_`` a new round is opened for the batch and closed after the import
+    (unless ``serve``), so the imported items are not handed to annotators.
+    ``progress(n)`` is called with the number of lines just handled, in both passes.
+    """
+    if fmt not in FORMATS:
+        raise ImportFailed([(0, f"format must be one of {', '.join(FORMATS)}")], 1)
+    if fmt in ("hh", "trl") and project.k != 2:
+        raise ImportFailed([(0, f"{fmt} pairs need a project with k = 2")], 1)
+    if batch and not BATCH_NAME.match(batch):
+        raise ImportFailed([(0, "batch must be 1-60 letters, digits, '.', '-' or '_'")], 1)
+
+    # Pass 1: validate every line, hash the file, count duplicates.
+    report = _check_file(
+        project=project,
+        stream=stream,
+        fmt=fmt,
+        batch=batch,
+        near_duplicates=near_duplicates,
+        progress=progress,
+    )
     key_prefix = f"import:{report.batch}:"
     if Judgment.objects.filter(project=project, idempotency_key__startswith=key_prefix).exists():
         raise Conflict(f"batch {report.batch!r} was already imported.", code="already_imported")
@@ -194,6 +207,21 @@ def _item_key(phash: str, hashes: list[str]) -> tuple:
     if len(hashes) == 2:
         return pair_key(phash, hashes[0], hashes[1])
     return (key64(phash), *(key64(h) for h in hashes))
+
+
+def _blank_taken_external_ids(round_: Round, items: list[Item]) -> None:
+    """Blank the external id of a new item whose id an earlier item of the round holds."""
+    ext_ids = [item.external_id for item in items if item.external_id]
+    taken = set(
+        Item.objects.filter(round=round_, external_id__in=ext_ids).values_list(
+            "external_id", flat=True
+        )
+    )
+    seen_ext: set[str] = set()
+    for item in items:
+        if item.external_id in taken or item.external_id in seen_ext:
+            item.external_id = ""
+        seen_ext.add(item.external_id)
 
 
 def _write_chunk(
@@ -260,18 +288,7 @@ def _write_chunk(
             source=LabelSource.IMPORTED,
         )
         judgments.append((key, judgment, hit))
-    # Items sharing an external id with an earlier item of the round keep their id blank.
-    ext_ids = [item.external_id for item, _ in new_items.values() if item.external_id]
-    taken = set(
-        Item.objects.filter(round=round_, external_id__in=ext_ids).values_list(
-            "external_id", flat=True
-        )
-    )
-    seen_ext: set[str] = set()
-    for item, _ in new_items.values():
-        if item.external_id in taken or item.external_id in seen_ext:
-            item.external_id = ""
-        seen_ext.add(item.external_id)
+    _blank_taken_external_ids(round_, [item for item, _ in new_items.values()])
     Item.objects.bulk_create([item for item, _ in new_items.values()])
     ItemCandidate.objects.bulk_create(
         ItemCandidate(item=item, candidate=cand, position=pos)
