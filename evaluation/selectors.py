@@ -40,6 +40,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
+from annotation.querysets import is_counted_row
 from annotation.services import SOURCE_GROUPS
 from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
 from evaluation.stats.agreement import (
@@ -1194,8 +1195,11 @@ def disputed_item_ids(
     return disputed
 
 
-def _review_items(items: list[Item], ranking: bool) -> list[dict]:
-    """Return review payloads of items: answers in canonical order, every label, adjudications."""
+def _review_items(items: list[Item], ranking: bool, sources: list[str]) -> list[dict]:
+    """Return review payloads of items: answers in canonical order, every label, adjudications.
+
+    The split shown is the one that queues an item: counted votes of the review sources.
+    """
     ids = [item.pk for item in items]
     slots: dict[int, list[dict]] = defaultdict(list)
     for item_id, position, text in (
@@ -1205,6 +1209,7 @@ def _review_items(items: list[Item], ranking: bool) -> list[dict]:
     ):
         slots[item_id].append({"position": position, "label": "ABCDEFGH"[position], "text": text})
     labels: dict[int, list[dict]] = defaultdict(list)
+    counted: dict[int, list] = defaultdict(list)
     for row in (
         Judgment.objects.filter(item_id__in=ids)
         .order_by("item_id", "id")
@@ -1220,10 +1225,14 @@ def _review_items(items: list[Item], ranking: bool) -> list[dict]:
             "confidence",
             "rationale",
             "is_repeat",
+            "is_gold",
+            "item__is_gold",
             "qc_flag",
             "created_at",
         )
     ):
+        if is_counted_row(row, sources):
+            counted[row["item_id"]].append(row["choice"] or row["ranking"])
         labels[row["item_id"]].append(
             {
                 "judgment_id": row["id"],
@@ -1246,12 +1255,7 @@ def _review_items(items: list[Item], ranking: bool) -> list[dict]:
         adjudications[adjudication.item_id].append(adjudication_payload(adjudication))
     out = []
     for item in items:
-        counted = [
-            label["choice"] or label["ranking"]
-            for label in labels[item.pk]
-            if not label["is_repeat"] and not label["qc_flag"]
-        ]
-        share, n = item_split(counted, ranking=ranking)
+        share, n = item_split(counted[item.pk], ranking=ranking)
         out.append(
             {
                 "item_id": item.pk,
@@ -1261,7 +1265,7 @@ def _review_items(items: list[Item], ranking: bool) -> list[dict]:
                 "candidates": slots[item.pk],
                 "majority_share": _number(share),
                 "n_votes": n,
-                "vote_counts": _vote_counts(counted),
+                "vote_counts": _vote_counts(counted[item.pk]),
                 "labels": labels[item.pk],
                 "adjudications": adjudications[item.pk],
             }
@@ -1314,7 +1318,8 @@ def disagreement_queue(*, project: Project, limit: int = 100, offset: int = 0) -
         .order_by("id")
     )
     ranking = project.task_kind == TaskKind.RANKING
-    split = disputed_item_ids(project=project, item_ids=[item.pk for item in items])
+    policy = quality_policy_get(project=project)
+    split = disputed_item_ids(project=project, policy=policy, item_ids=[item.pk for item in items])
     items.sort(key=lambda item: (split.get(item.pk, 1.0), item.pk))
     page = items[offset : offset + limit]
     return {
@@ -1322,10 +1327,12 @@ def disagreement_queue(*, project: Project, limit: int = 100, offset: int = 0) -
         "count": len(items),
         "limit": limit,
         "offset": offset,
-        "results": _review_items(page, ranking),
+        "results": _review_items(page, ranking, policy.sources_for_review()),
     }
 
 
 def review_item(*, item: Item) -> dict:
     """Return one item's review payload (answers, all labels, adjudications)."""
-    return _review_items([item], item.project.task_kind == TaskKind.RANKING)[0]
+    policy = quality_policy_get(project=item.project)
+    ranking = item.project.task_kind == TaskKind.RANKING
+    return _review_items([item], ranking, policy.sources_for_review())[0]

@@ -127,6 +127,28 @@ def test_the_queue_lists_the_split_item_with_every_label_and_no_model_names(setu
     assert "secret" not in response.content.decode()
 
 
+def test_the_queue_shows_the_split_that_queued_the_item_not_other_sources_or_repeats(setup):
+    # Given the split item also labelled by an AI annotator and a repeat, which do not count
+    project, split = setup["project"], setup["split"]
+    Judgment.objects.create(
+        project=project, item=split, choice="A", source="ai", external_rater="ai-rm-1"
+    )
+    Judgment.objects.create(
+        project=project, item=split, annotator=setup["annotators"][0], choice="A", is_repeat=True
+    )
+
+    # When a reviewer reads the queue and the item
+    reviewer = _client(setup["reviewer"])
+    (entry,) = reviewer.get(f"/api/qc/projects/{project.pk}/disagreements/").json()["results"]
+    item = reviewer.get(f"/api/qc/items/{split.pk}/").json()
+
+    # Then both show the human primary split that queued it; every label is still listed
+    for payload in (entry, item):
+        assert payload["majority_share"] == 0.5 and payload["n_votes"] == 2
+        assert payload["vote_counts"] == {"A": 1, "B": 1, "tie": 1}
+        assert len(payload["labels"]) == 5
+
+
 def test_a_reviewer_adjudication_is_stored_beside_the_labels(setup):
     split = setup["split"]
     before = list(Judgment.objects.filter(item=split).values_list("id", "choice", "qc_flag"))
