@@ -17,7 +17,12 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from annotation import access, errors, projects, selectors, services
-from annotation.apis_imports import ImportJobOutput, declared_upload_too_large, import_now_or_queue
+from annotation.apis_imports import (
+    ImportJobOutput,
+    UploadField,
+    declared_upload_too_large,
+    import_now_or_queue,
+)
 from annotation.imports import items_import
 from annotation.models import Membership, Project, Round
 from annotation.pagination import paginate
@@ -282,7 +287,7 @@ class ImportApi(APIView):
 
     @extend_schema_serializer(component_name="ImportInput")
     class InputSerializer(serializers.Serializer):
-        file = serializers.FileField()
+        file = UploadField()
         format = serializers.ChoiceField(choices=["jsonl", "csv"], required=False)
         round = serializers.IntegerField(required=False)
 

@@ -16,8 +16,14 @@ from __future__ import annotations
 
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import JSONParser, MultiPartParser
@@ -27,6 +33,7 @@ from rest_framework.views import APIView
 from annotation import access, exports, tasks
 from annotation.apis_imports import (
     ImportJobOutput,
+    UploadField,
     declared_upload_too_large,
     import_now_or_queue,
 )
@@ -35,7 +42,18 @@ from annotation.models import DatasetVersion, ImportJob, Round
 from annotation.pagination import paginate
 
 
+class DatasetFileOutput(serializers.Serializer):
+    name = serializers.CharField()
+    size = serializers.IntegerField(help_text="Bytes.")
+    url = serializers.CharField(help_text="Download link (GET, same authentication).")
+
+
 class DatasetVersionOutput(serializers.ModelSerializer):
+    files = serializers.SerializerMethodField(
+        help_text="Every file of a ready snapshot (splits, side files, manifest.json); empty "
+        "while it is building or when it failed."
+    )
+
     class Meta:
         model = DatasetVersion
         fields = [
@@ -53,6 +71,21 @@ class DatasetVersionOutput(serializers.ModelSerializer):
             "error",
             "created_at",
             "finished_at",
+            "files",
+        ]
+
+    @extend_schema_field(DatasetFileOutput(many=True))
+    def get_files(self, dv: DatasetVersion) -> list[dict]:
+        return [
+            {
+                "name": name,
+                "size": size,
+                "url": reverse(
+                    "api-dataset-file",
+                    kwargs={"project_id": dv.project_id, "version": dv.version, "name": name},
+                ),
+            }
+            for name, size in exports.dataset_file_list(dataset_version=dv)
         ]
 
 
@@ -61,7 +94,7 @@ class PreferenceImportApi(APIView):
 
     @extend_schema_serializer(component_name="PreferenceImportInput")
     class InputSerializer(serializers.Serializer):
-        file = serializers.FileField()
+        file = UploadField()
         format = serializers.ChoiceField(choices=FORMATS)
         batch = serializers.RegexField(r"^[\w.\-]{1,60}$", required=False, default="")
         round = serializers.IntegerField(required=False, allow_null=True, default=None)

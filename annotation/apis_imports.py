@@ -15,12 +15,19 @@ from typing import IO
 
 from django.conf import settings
 from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from annotation.imports import ImportFailed, ImportTooLarge, size_text
 from annotation.imports import jobs as import_jobs
 from annotation.models import ImportJob, Project
+
+
+@extend_schema_field(OpenApiTypes.BINARY)
+class UploadField(serializers.FileField):
+    """A file sent as a multipart part; the schema says binary, so the docs page offers a picker."""
 
 
 class ImportJobOutput(serializers.ModelSerializer):

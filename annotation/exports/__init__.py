@@ -46,6 +46,7 @@ from annotation.exports.policy import (
 from annotation.exports.select import prompt_groups
 from annotation.exports.services import (
     SnapshotCorrupt,
+    dataset_file_list,
     dataset_file_path,
     dataset_version_build,
     dataset_version_create,
@@ -70,6 +71,7 @@ __all__ = [
     "ExportResult",
     "PolicyError",
     "SnapshotCorrupt",
+    "dataset_file_list",
     "dataset_file_path",
     "dataset_root",
     "dataset_version_build",

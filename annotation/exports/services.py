@@ -203,12 +203,21 @@ def dataset_version_load(*, dataset_version: DatasetVersion) -> dict[str, list[d
     return out
 
 
+def dataset_file_list(*, dataset_version: DatasetVersion) -> list[tuple[str, int]]:
+    """Return ``(name, size in bytes)`` of each downloadable file of a ready snapshot, by name."""
+    if dataset_version.status != DatasetVersion.Status.READY or not dataset_version.path:
+        return []
+    folder = Path(dataset_version.path)
+    if not folder.is_dir():
+        return []
+    return sorted((p.name, p.stat().st_size) for p in folder.iterdir() if p.is_file())
+
+
 def dataset_file_path(*, dataset_version: DatasetVersion, name: str) -> Path:
     """Return the path of one file of a ready snapshot (a split, side file or manifest)."""
     if dataset_version.status != DatasetVersion.Status.READY:
         raise ServiceError("the snapshot is not ready.", code="not_ready", status=409)
-    folder = Path(dataset_version.path)
-    allowed = {p.name for p in folder.iterdir() if p.is_file()}
+    allowed = {file_name for file_name, _size in dataset_file_list(dataset_version=dataset_version)}
     if name not in allowed:
         raise ServiceError(f"no file {name!r} in this snapshot.", code="not_found", status=404)
-    return folder / name
+    return Path(dataset_version.path) / name
