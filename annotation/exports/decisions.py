@@ -91,7 +91,7 @@ class Decider:
         decision_votes = votes_by_pair(unit)
         for i, j in sorted(decision_votes) if ranking else decision_votes:
             votes = decision_votes[(i, j)]
-            if len(votes) < policy.min_votes:
+            if len(votes) < policy.min_votes and not unit.adjudicated:
                 self.dropped["few_votes"] += 1
                 continue
             if policy.aggregation == "per_judgment":

@@ -101,6 +101,7 @@ def _export_rows(project, policy, folder, progress) -> ExportResult:
     rounds: set[int] = set()
     decisions: Counter = Counter()
     n_votes = 0
+    n_adjudicated = 0
     try:
         for group in prompt_groups(project, policy):
             group_key = group.content_hash
@@ -118,6 +119,7 @@ def _export_rows(project, policy, folder, progress) -> ExportResult:
             for unit in units:
                 rounds |= unit.rounds
                 n_votes += len(unit.votes)
+                n_adjudicated += unit.adjudicated
                 if policy.format == "raw":
                     for vote in unit.votes:
                         writer.write(f"{split}.jsonl", renderer.raw(group, unit, vote))
@@ -145,6 +147,8 @@ def _export_rows(project, policy, folder, progress) -> ExportResult:
         "dedup": tracker.report(),
         "conversational": conversational,
     }
+    if policy.adjudicated_wins:
+        report["adjudicated_items"] = n_adjudicated
     if weights:
         report["trust_weights"] = {
             "annotators_with_gold": len(weights),

@@ -30,6 +30,9 @@ Policies (all recorded in the manifest and on the DatasetVersion):
   near-duplicating an earlier one joins its group. No prompt is in two splits.
 * Items repeating the same prompt and answers (in either order) are merged into one decision
   and reported (``merge_duplicate_pairs``).
+* ``adjudicated_wins``: an item with a reviewer's verdict (``Adjudication``, the newest one)
+  is decided by that verdict alone, whatever its votes say and however few they are; the
+  raw format lists judgments and takes no verdicts.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class ExportPolicy:
     merge_duplicate_pairs: bool = True
     rounds: tuple[int, ...] | None = None
     hf: bool = True
+    adjudicated_wins: bool = False
 
     FILTER_KEYS = ("sources", "include_gold", "include_repeats", "include_qc_flagged", "rounds")
 
@@ -153,6 +157,10 @@ class ExportPolicy:
             self.aggregation != "per_judgment" or self.min_agreement or self.min_votes > 1
         ):
             raise PolicyError("the raw format is one row per judgment: no aggregation filters")
+        if self.format == "raw" and self.adjudicated_wins:
+            raise PolicyError(
+                "adjudicated_wins does not apply to the raw format (one row per judgment)"
+            )
 
     def policies(self) -> dict:
         """Return the row-shaping policies (JSON)."""

@@ -22,6 +22,7 @@ from annotation import labels
 from annotation.dedup import DedupTracker, preview
 from annotation.exports.policy import CHUNK, ExportPolicy
 from annotation.models import (
+    Adjudication,
     ItemCandidate,
     Judgment,
     Project,
@@ -70,6 +71,9 @@ class Vote:
     raw: tuple = ()
 
 
+ADJUDICATED = "adjudicated"  # the source of a reviewer's verdict standing in for the votes
+
+
 @dataclass
 class Unit:
     """One decision target: an item (or items with the same prompt and answers)."""
@@ -79,6 +83,7 @@ class Unit:
     answers: list[tuple[str, str, str]]  # (text, content hash, model) in canonical order
     votes: list[Vote]
     gid: str = ""
+    adjudicated: bool = False  # the votes are one reviewer's verdict (adjudicated_wins)
 
 
 @dataclass
@@ -124,6 +129,20 @@ def _label_of(choice: str, ranking_text: str | None) -> Any:
     return choice if choice else json.loads(ranking_text)
 
 
+def verdict_votes(project: Project) -> dict[int, Vote]:
+    """Return item id -> the newest adjudication of the item, as a vote."""
+    verdicts = {}
+    for pk, item_id, reviewer_id, choice, ranking in (
+        Adjudication.objects.filter(item__project=project)
+        .order_by("id")
+        .values_list("id", "item_id", "reviewer_id", "choice", "ranking")
+    ):
+        # Negative ids: never equal to a judgment's id, which ranking decisions key on.
+        label = choice or ranking
+        verdicts[item_id] = Vote(-pk, ("adj", reviewer_id), label, "", ADJUDICATED)
+    return verdicts
+
+
 def prompt_groups(project: Project, policy: ExportPolicy) -> Iterator[PromptGroup]:
     """Yield prompts with their judged items and included votes, in prompt and item order.
 
@@ -156,6 +175,7 @@ def prompt_groups(project: Project, policy: ExportPolicy) -> Iterator[PromptGrou
         .values_list(*PROMPT_FIELDS)
         .iterator(chunk_size=CHUNK)
     )
+    verdicts = verdict_votes(project) if policy.adjudicated_wins else {}
     vote_groups = _groups(votes)
     current_votes = next(vote_groups, None)
     prompt_row = next(prompts, None)
@@ -178,6 +198,10 @@ def prompt_groups(project: Project, policy: ExportPolicy) -> Iterator[PromptGrou
             if item_id not in by_item:
                 continue
             answers = [(r[3], r[4], r[5]) for r in item_slots]
+            verdict = verdicts.get(item_id)
+            if verdict is not None:
+                units.append(Unit([item_id], {item_slots[0][2]}, answers, [verdict], "", True))
+                continue
             units.append(Unit([item_id], {item_slots[0][2]}, answers, by_item[item_id]))
         if units:
             yield PromptGroup(prompt_id, messages or text, chash, group_key, units)
@@ -220,7 +244,11 @@ def merge_units(group: PromptGroup, tracker: DedupTracker, merge: bool) -> list[
                 perm = [order.index(h) for h in hashes]
                 for vote in unit.votes:
                     vote.label = labels.relabel(vote.label, perm)
-                first.votes.extend(unit.votes)
+                # A verdict outweighs the votes of every merged copy (adjudicated_wins).
+                if unit.adjudicated and not first.adjudicated:
+                    first.votes, first.adjudicated = unit.votes, True
+                elif first.adjudicated == unit.adjudicated:
+                    first.votes.extend(unit.votes)
                 first.item_ids.extend(unit.item_ids)
                 first.rounds |= unit.rounds
                 continue
