@@ -111,8 +111,8 @@ def train_sft(args, work: Path, tokenizer_dir: Path) -> Path:
 
     from training import demo
     from training.trainers import sft
-    from training.trainers.common import RunLogger
     from training.trainers.data import write_snapshot
+    from training.trainers.run_log import RunLogger
     from training.trainers.tiny import build_tiny_causal_lm
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -180,8 +180,8 @@ def train_reward_model(args, work: Path, sft_dir: Path) -> tuple[Path, dict]:
 
     from training import demo
     from training.trainers import reward
-    from training.trainers.common import RunLogger
     from training.trainers.data import write_snapshot
+    from training.trainers.run_log import RunLogger
 
     tokenizer = AutoTokenizer.from_pretrained(str(sft_dir))
     model = AutoModelForCausalLM.from_pretrained(str(sft_dir)).eval()
@@ -225,8 +225,8 @@ def train_reward_model(args, work: Path, sft_dir: Path) -> tuple[Path, dict]:
 def run_ppo(args, work: Path, name: str, sft_dir: Path, **reward_settings) -> tuple[Path, dict]:
     from training import demo
     from training.trainers import ppo
-    from training.trainers.common import RunLogger
     from training.trainers.data import write_snapshot
+    from training.trainers.run_log import RunLogger
 
     prompts = write_snapshot(
         work / "ppo_prompts",

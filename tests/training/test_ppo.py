@@ -408,7 +408,7 @@ def test_train_writes_metrics_samples_checkpoints_and_final_then_resumes(
 ):
     from transformers import AutoModelForCausalLM
 
-    from training.trainers.common import RunLogger
+    from training.trainers.run_log import RunLogger
 
     chat = [[{"role": "user", "content": p}] for p in PROMPTS]
     held_out = [[{"role": "user", "content": p.prompt}] for p in demo.problems_in("held_out")[:4]]

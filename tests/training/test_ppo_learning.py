@@ -32,7 +32,7 @@ def test_ppo_raises_the_true_reward_of_an_imperfect_sft_policy_within_its_kl_tar
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from training.trainers import sft
-    from training.trainers.common import RunLogger
+    from training.trainers.run_log import RunLogger
     from training.trainers.tiny import build_tiny_causal_lm, train_tokenizer
 
     # given a tiny GPT-2 fine-tuned on demonstrations that are 40% wrong and 25% rude

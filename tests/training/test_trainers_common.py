@@ -8,11 +8,11 @@ import pytest
 from training.trainers.common import (
     BaseRecipeConfig,
     ConfigError,
-    RunLogger,
     config_from_dict,
     resume_checkpoint,
-    write_run_json,
 )
+from training.trainers.provenance import write_run_json
+from training.trainers.run_log import RunLogger
 
 
 def test_every_config_field_has_help():

@@ -14,8 +14,8 @@ from tests.training.conftest import (
     weights_changed,
 )
 from training.trainers import reward
-from training.trainers.common import RunLogger
 from training.trainers.data import load_preferences
+from training.trainers.run_log import RunLogger
 
 
 def _config(model_dir, **overrides):

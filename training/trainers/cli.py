@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         config = build_config(config_cls, read_config_file(args.config), resume=args.resume)
         if not args.data.is_dir():
             raise DatasetError(f"dataset folder not found: {args.data}")
-        from training.trainers.common import RunLogger
+        from training.trainers.run_log import RunLogger
 
         logger = RunLogger(args.out)
         metrics = train(config, args.data, args.out, logger)

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import os
-import platform
-import socket
-import subprocess
 import sys
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from training.trainers.checkpoints import newest_complete_checkpoint
-from training.trainers.data import data_hash, read_manifest
+from training.trainers.provenance import write_run_json
+from training.trainers.run_log import RunLogger, metric_renamed
 
 QUIET_OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -31,8 +25,6 @@ QUIET_OFFLINE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "DISABLE_MLFLOW_INTEGRATION": "TRUE",
 }
-
-LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers")
 
 
 class ConfigError(ValueError):
@@ -371,20 +363,7 @@ def evaluate_split(trainer, dataset, prefix: str) -> dict[str, Any]:
     TRL's trainers name their own metrics ``eval_*`` whatever the prefix; rename them.
     """
     metrics = trainer.evaluate(dataset, metric_key_prefix=prefix)
-    return {_rename_prefix(key, prefix): value for key, value in metrics.items()}
-
-
-def _rename_prefix(key: str, prefix: str) -> str:
-    if prefix != "eval" and key.startswith("eval_"):
-        return f"{prefix}_{key[len('eval_') :]}"
-    return key
-
-
-def _eval_prefix(logs: dict[str, Any]) -> str | None:
-    for key in logs:
-        if key.endswith("_runtime") and not key.startswith(("train", "eval")):
-            return key[: -len("_runtime")]
-    return None
+    return {metric_renamed(key, prefix): value for key, value in metrics.items()}
 
 
 def save_final(trainer, output_dir: Path, config: BaseRecipeConfig, tokenizer) -> Path:
@@ -480,230 +459,3 @@ def _trl_config_dict(args) -> dict[str, Any]:
         return json.loads(args.to_json_string())
     except (TypeError, ValueError):  # pragma: no cover - an exotic field that is not JSON
         return {"repr": repr(args)}
-
-
-def atomic_write_json(path: Path, payload: Any) -> None:
-    """Write JSON to ``path`` so that readers never see a partial file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-class RunLogger(TrainerCallback):
-    """Stream a run's progress to files a supervising process can read.
-
-    Every log event is appended as one JSON object to ``metrics.jsonl``;
-    ``progress.json`` (step, max_steps, fraction, latest metrics) is replaced atomically.
-    Use it as a ``TrainerCallback``, or call ``log``/``progress``/``event`` from a custom loop.
-    Only the main process writes.
-    """
-
-    def __init__(self, output_dir: str | Path, *, echo: bool = True):
-        self.output_dir = Path(output_dir)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = self.output_dir / "metrics.jsonl"
-        self.progress_path = self.output_dir / "progress.json"
-        self.echo = echo
-        # Under `accelerate launch` only rank 0 writes; the Trainer confirms it on train begin.
-        self.is_main = os.environ.get("RANK", "0") == "0"
-        self.step = 0
-        self.max_steps = 0
-        self.epoch: float | None = None
-        self.latest: dict[str, Any] = {}
-        self.status = "running"
-        self._last_progress_write = 0.0
-
-    # Plain API, usable outside the HF Trainer.
-    def info(self, message: str) -> None:
-        """Print a human-readable line on stderr."""
-        if self.echo and self.is_main:
-            print(f"[prefloop] {message}", file=sys.stderr, flush=True)
-
-    def event(self, event: str, /, **data: Any) -> None:
-        """Append a non-metric event (resume, dropped rows, final metrics) to metrics.jsonl."""
-        self._append({"event": event, "step": self.step, "time": _now(), **data})
-
-    def log(self, metrics: dict[str, Any], *, step: int | None = None) -> None:
-        """Append metrics at ``step`` and update progress.json."""
-        if step is not None:
-            self.step = step
-        clean = {k: _jsonable(v) for k, v in metrics.items()}
-        self.latest.update(clean)
-        self._append({"step": self.step, "epoch": self.epoch, "time": _now(), **clean})
-        self.write_progress(force=True)
-        shown = ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in list(clean.items())[:8]
-        )
-        self.info(f"step {self.step}/{self.max_steps}: {shown}")
-
-    def progress(self, step: int, max_steps: int | None = None) -> None:
-        """Record that ``step`` of ``max_steps`` is done (progress.json at most twice a second)."""
-        self.step = step
-        if max_steps is not None:
-            self.max_steps = max_steps
-        self.write_progress()
-
-    def finish(self, status: str = "finished", **metrics: Any) -> None:
-        """Mark the run as ended in progress.json."""
-        self.status = status
-        self.latest.update({k: _jsonable(v) for k, v in metrics.items()})
-        self.write_progress(force=True)
-
-    def write_progress(self, *, force: bool = False) -> None:
-        """Replace progress.json with the current state."""
-        if not self.is_main:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_progress_write < 0.5:
-            return
-        self._last_progress_write = now
-        fraction = min(1.0, self.step / self.max_steps) if self.max_steps else 0.0
-        if self.status == "finished":
-            fraction = 1.0
-        atomic_write_json(
-            self.progress_path,
-            {
-                "status": self.status,
-                "step": self.step,
-                "max_steps": self.max_steps,
-                "fraction": fraction,
-                "epoch": self.epoch,
-                "metrics": self.latest,
-                "updated_at": _now(),
-            },
-        )
-
-    def _append(self, record: dict[str, Any]) -> None:
-        if not self.is_main:
-            return
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(record, default=str) + "\n")
-
-    # TrainerCallback hooks.
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.is_main = state.is_world_process_zero
-        self.status = "running"
-        self.progress(state.global_step, state.max_steps)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.epoch = state.epoch
-        self.progress(state.global_step, state.max_steps)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.is_main = state.is_world_process_zero
-        self.epoch = state.epoch
-        self.max_steps = state.max_steps or self.max_steps
-        logs = dict(logs or {})
-        prefix = _eval_prefix(logs)
-        if prefix:
-            logs = {_rename_prefix(key, prefix): value for key, value in logs.items()}
-        self.log(logs, step=state.global_step)
-
-    def on_save(self, args, state, control, **kwargs):
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        self.event("checkpoint", path=str(checkpoint))
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, float | int | str | bool) or value is None:
-        return value
-    return str(value)
-
-
-def library_versions() -> dict[str, str | None]:
-    """Return the versions of the libraries that shape training results."""
-    from importlib import metadata
-
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-def git_commit() -> dict[str, Any] | None:
-    """Return the commit (and whether the tree is dirty) of the checkout holding this code."""
-    repo = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
-        )
-        if commit.returncode != 0:
-            return None
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
-
-
-def host_info() -> dict[str, Any]:
-    """Return the machine facts that explain speed and numerics."""
-    import torch
-
-    cuda = []
-    if torch.cuda.is_available():
-        cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda_devices": cuda,
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-    }
-
-
-def write_run_json(
-    output_dir: str | Path,
-    config: Any,
-    dataset_dir: str | Path | None,
-    seeds: dict[str, int],
-    **extra: Any,
-) -> Path:
-    """Write ``output_dir/run.json``: config, data hash, seeds, library versions, git commit, host.
-
-    Called again at the end of a run with ``final_metrics=...``: earlier keys are kept.
-    """
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / "run.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
-    config_dict = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
-    data = None
-    if dataset_dir is not None:
-        dataset_dir = Path(dataset_dir)
-        data = {
-            "path": str(dataset_dir.resolve()),
-            "hash": data_hash(dataset_dir),
-            "manifest": read_manifest(dataset_dir),
-        }
-    record = {
-        **previous,
-        "config": config_dict,
-        "config_class": f"{type(config).__module__}.{type(config).__qualname__}",
-        "data": data,
-        "seeds": seeds,
-        "versions": library_versions(),
-        "git": git_commit(),
-        "host": host_info(),
-        "started_at": previous.get("started_at", _now()),
-        "updated_at": _now(),
-        **extra,
-    }
-    atomic_write_json(path, record)
-    return path

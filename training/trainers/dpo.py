@@ -9,7 +9,6 @@ from typing import Any
 from training.trainers.common import (
     BaseRecipeConfig,
     ConfigError,
-    RunLogger,
     attach_logger,
     final_evaluation,
     finish_run,
@@ -20,6 +19,7 @@ from training.trainers.common import (
     trainer_kwargs,
 )
 from training.trainers.data import load_preferences
+from training.trainers.run_log import RunLogger
 
 RECIPE = "dpo"
 MAX_LABEL_SMOOTHING = 0.4  # rDPO divides by 1 - 2*eps: keep well away from 1/2

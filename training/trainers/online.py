@@ -16,7 +16,6 @@ from typing import Any
 from training.trainers.common import (
     BaseRecipeConfig,
     ConfigError,
-    RunLogger,
     attach_logger,
     check_local_dir,
     final_evaluation,
@@ -29,6 +28,7 @@ from training.trainers.common import (
 )
 from training.trainers.data import load_prompts
 from training.trainers.dpo import load_policy_tokenizer
+from training.trainers.run_log import RunLogger
 
 SCORING_CHOICES = ("prefloop", "trl")
 

@@ -49,10 +49,9 @@ from training.trainers import ppo_core as core
 from training.trainers.common import (
     BaseRecipeConfig,
     ConfigError,
-    atomic_write_json,
-    library_versions,
-    write_run_json,
 )
+from training.trainers.provenance import library_versions, write_run_json
+from training.trainers.run_log import atomic_write_json
 
 RECIPE = "ppo"
 STATE_DIR = "ppo_state"

@@ -10,7 +10,6 @@ from typing import Any
 from training.trainers.common import (
     BaseRecipeConfig,
     ConfigError,
-    RunLogger,
     attach_logger,
     final_evaluation,
     finish_run,
@@ -21,6 +20,7 @@ from training.trainers.common import (
     trainer_kwargs,
 )
 from training.trainers.data import load_preferences
+from training.trainers.run_log import RunLogger
 
 RECIPE = "reward"
 PREPROCESSING_FILE = "prefloop_reward.json"

@@ -8,7 +8,6 @@ from typing import Any
 
 from training.trainers.common import (
     BaseRecipeConfig,
-    RunLogger,
     attach_logger,
     final_evaluation,
     finish_run,
@@ -20,6 +19,7 @@ from training.trainers.common import (
 )
 from training.trainers.data import load_sft
 from training.trainers.dpo import load_policy_tokenizer
+from training.trainers.run_log import RunLogger
 
 RECIPE = "sft"
 
