@@ -94,10 +94,9 @@ def _locked_with_project_sql(model, where: str, vendor: str, extra: str = "") ->
 def leases_expire(*, project_id: int, now=None) -> int:
     """Mark overdue leases of a project expired and give their items back; return how many."""
     now = now or timezone.now()
-    overdue = list(
-        Assignment.objects.select_for_update(skip_locked=True)
-        .filter(project_id=project_id, status=Assignment.Status.LEASED, lease_expires__lt=now)
-        .values_list("id", "item_id", "kind")[:EXPIRY_BATCH]
+    overdue = sql.fetch_all(
+        _overdue_sql(connection.vendor),
+        [project_id, Assignment.Status.LEASED, connection.ops.adapt_datetimefield_value(now)],
     )
     if not overdue:
         return 0
@@ -109,6 +108,16 @@ def leases_expire(*, project_id: int, now=None) -> int:
         item_ids=[item_id for _, item_id, kind in overdue if kind != Assignment.Kind.REPEAT]
     )
     return len(overdue)
+
+
+@functools.cache
+def _overdue_sql(vendor: str) -> str:
+    # Run by every `next`: written out once (see annotation/sql.py).
+    return (
+        f'SELECT "id", "item_id", "kind" FROM "{Assignment._meta.db_table}" '
+        f'WHERE "project_id" = %s AND "status" = %s AND "lease_expires" < %s '
+        f"LIMIT {EXPIRY_BATCH}{sql.lock(vendor, skip_locked=True)}"
+    )
 
 
 def _items_release(*, item_ids: list[int]) -> None:
@@ -362,15 +371,17 @@ def _serve_next(
         kind = Assignment.Kind.PRIMARY
     if item is None:
         return None
-    return Assignment.objects.create(
-        project=project,
-        item_id=item.pk,
-        annotator=user,
-        kind=kind,
-        repeat_of=repeat_of,
-        display_order=order or _display_order(project.k, rng),
-        seq=membership.judgment_count,
-        lease_expires=lease_until,
+    return sql.insert(
+        Assignment(
+            project=project,
+            item_id=item.pk,
+            annotator=user,
+            kind=kind,
+            repeat_of=repeat_of,
+            display_order=order or _display_order(project.k, rng),
+            seq=membership.judgment_count,
+            lease_expires=lease_until,
+        )
     )
 
 
@@ -606,7 +617,7 @@ def _judgment_submit_locked(
     # Timed from when the item could be shown: its lease, or the annotator's last finish if
     # later (an item leased ahead in another project waits until the one before is done).
     started = max(assignment.leased_at, last_finished or assignment.leased_at)
-    judgment = Judgment.objects.create(
+    judgment = Judgment(
         project=project,
         item_id=assignment.item_id,
         assignment=assignment,
@@ -622,11 +633,15 @@ def _judgment_submit_locked(
         is_repeat=assignment.kind == Assignment.Kind.REPEAT,
         **fields,
     )
-    Assignment.objects.filter(pk=assignment.pk).update(
-        status=Assignment.Status.SUBMITTED, finished_at=now
+    # Hand-written statements (annotation/sql.py): compiling these with the ORM cost more
+    # CPU than the rest of the submit.
+    sql.insert(judgment)
+    sql.execute(
+        _finish_sql(),
+        [Assignment.Status.SUBMITTED, connection.ops.adapt_datetimefield_value(now), assignment.pk],
     )
     if assignment.kind != Assignment.Kind.REPEAT:
-        Item.objects.filter(pk=assignment.item_id).update(n_done=F("n_done") + 1)
+        sql.execute(_count_done_sql(), [assignment.item_id])
     membership = _membership_count_judgment(project=project, user=user, now=now)
     # Quality control runs in a Celery task every N judgments; the submit only counts.
     # `seq` is the annotator's count when this item was served, so this is their count now
@@ -650,6 +665,17 @@ def _judgment_submit_locked(
         # Paused, or the skip budget is spent: the judgment stands, no item comes with it.
         return SubmitResult(judgment, replayed=False, next_error=error)
     return SubmitResult(judgment, replayed=False, next_assignment=following)
+
+
+@functools.cache
+def _finish_sql() -> str:
+    table = Assignment._meta.db_table
+    return f'UPDATE "{table}" SET "status" = %s, "finished_at" = %s WHERE "id" = %s'
+
+
+@functools.cache
+def _count_done_sql() -> str:
+    return f'UPDATE "{Item._meta.db_table}" SET "n_done" = "n_done" + 1 WHERE "id" = %s'
 
 
 def _membership_count_judgment(*, project: Project, user, now) -> Membership | None:
