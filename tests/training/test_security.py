@@ -20,7 +20,7 @@ from tests.factories import add_member, make_project, make_user
 from tests.training import test_runs_support as support
 from tests.training.test_runs_support import make_dataset_version, reward_config
 from training import run_files, services, supervisor
-from training.config_policy import SERVER_PATH, TRL_ARGS_ALLOWED
+from training.config_policy import SERVER_PATH, TRL_ARGS_ALLOWED, training_roots
 from training.models import ModelVersion, TrainingRun
 
 pytestmark = pytest.mark.django_db
@@ -224,8 +224,14 @@ def test_allowed_trl_args_exist_in_the_trl_config_of_their_recipe():
 
 
 def test_dot_dot_and_symlinks_out_are_refused_even_for_staff(world, sent, settings):
-    # given a folder outside every root, and a symlink to it inside the artefact root
-    outside = Path(settings.BASE_DIR) / "training"
+    # given a folder outside every root (the checkout itself may sit under the temp folder,
+    # which the test settings make a model root), and a symlink to it inside the artefact root
+    roots = [root.resolve() for root in training_roots()]
+    outside = next(
+        folder
+        for folder in (Path(sys.base_prefix), Path("/usr/share"), Path("/etc"))
+        if folder.is_dir() and not any(folder.resolve().is_relative_to(root) for root in roots)
+    )
     link = world["root"] / "innocent"
     link.symlink_to(outside)
     staff = _client(world["staff"])
