@@ -19,5 +19,6 @@ urlpatterns = [
     path("api/qc/", include("evaluation.urls")),
     path("api/", include("annotation.urls")),
     path("dashboard/", include("config.console.dashboard.urls")),
+    path("console/", include("config.console.urls")),
     path("", include("annotation.web_urls")),
 ]

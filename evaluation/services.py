@@ -212,6 +212,51 @@ def annotator_resume(
     )
 
 
+@transaction.atomic
+def annotator_pause_manual(
+    *, project: Project, annotator_id: int, by, reason: str
+) -> AnnotatorAssessment:
+    """Pause an annotator by a researcher's decision, with the reason the annotator is shown.
+
+    Like a QC pause it ends the live lease and is stored as a ``pause`` assessment (trigger
+    ``manual``), so the record says who paused whom and why; no label is flagged.
+    """
+    reason = reason.strip()
+    if not reason:
+        raise ServiceError("Say why: the annotator is shown the reason.", code="reason")
+    if len(reason) > 500:
+        raise ServiceError("reason is longer than 500 characters.", code="reason")
+    membership = (
+        Membership.objects.select_for_update().filter(project=project, user_id=annotator_id).first()
+    )
+    if membership is None:
+        raise NotFound("No such annotator in this project.")
+    if membership.status == Membership.Status.PAUSED:
+        raise ServiceError("This annotator is paused already.", code="status", status=409)
+    annotation_services.membership_set_status(
+        membership=membership,
+        status=Membership.Status.PAUSED,
+        reason="Paused by a researcher: " + reason,
+        flagged=True,
+    )
+    now = timezone.now()
+    for assignment in Assignment.objects.filter(
+        project=project, annotator_id=annotator_id, status=Assignment.Status.LEASED
+    ):
+        annotation_services._assignment_expire(assignment, now)
+    return AnnotatorAssessment.objects.create(
+        project=project,
+        annotator_id=annotator_id,
+        verdict=AnnotatorAssessment.Verdict.PAUSE,
+        applied=True,
+        failed_checks=["manual"],
+        reasons=[reason],
+        n_judgments=Judgment.objects.filter(project=project, annotator_id=annotator_id).count(),
+        trigger=AnnotatorAssessment.Trigger.MANUAL,
+        created_by=by if getattr(by, "pk", None) else None,
+    )
+
+
 def annotators_assess(
     *,
     project: Project,
