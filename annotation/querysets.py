@@ -48,7 +48,7 @@ class JudgmentQuerySet(models.QuerySet):
 
     def flagged(self) -> JudgmentQuerySet:
         """Keep only labels quality control flagged."""
-        return self.exclude(**UNFLAGGED_FIELDS)
+        return self.filter(flagged_q())
 
     def of_sources(self, *sources: str) -> JudgmentQuerySet:
         """Keep labels from the named sources only."""
@@ -65,6 +65,11 @@ class JudgmentQuerySet(models.QuerySet):
     def for_policy(self, policy: ExportPolicy) -> JudgmentQuerySet:
         """Keep the labels an export policy takes: rounds, sources, gold/repeat/flag rules."""
         return self.in_rounds(policy.rounds).filter(policy_q(policy))
+
+
+def flagged_q() -> Q:
+    """Return the condition on a judgment that quality control flagged it (for aggregates)."""
+    return ~Q(**UNFLAGGED_FIELDS)
 
 
 def policy_q(policy: ExportPolicy) -> Q:

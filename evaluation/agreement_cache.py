@@ -9,9 +9,10 @@ which are QC-flagged), so a new or newly flagged label makes the next request co
 from __future__ import annotations
 
 from django.core.cache import cache
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Count, Max, Sum
 
 from annotation.models import Judgment, Project, Round
+from annotation.querysets import flagged_q
 from evaluation import selectors
 
 CACHE_SECONDS = 3600
@@ -19,7 +20,7 @@ CACHE_SECONDS = 3600
 
 def labels_fingerprint(*, project: Project) -> str:
     """Return a short string that changes whenever a label of the project is added or flagged."""
-    flagged = ~Q(qc_flag="")
+    flagged = flagged_q()
     figures = Judgment.objects.filter(project=project).aggregate(
         n=Count("id"),
         newest=Max("id"),

@@ -40,7 +40,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
-from annotation.querysets import is_counted_row
+from annotation.querysets import flagged_q, is_counted_row
 from annotation.services import SOURCE_GROUPS
 from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
 from evaluation.stats.agreement import (
@@ -1064,7 +1064,7 @@ def annotator_quality_table(*, project: Project) -> list[dict]:
     for annotator_id, source, n, n_flagged in (
         Judgment.objects.filter(project=project, annotator_id__isnull=False)
         .values("annotator_id", "source")
-        .annotate(n=Count("id"), n_flagged=Count("id", filter=~Q(qc_flag="")))
+        .annotate(n=Count("id"), n_flagged=Count("id", filter=flagged_q()))
         .values_list("annotator_id", "source", "n", "n_flagged")
         .order_by()
     ):

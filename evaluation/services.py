@@ -170,7 +170,7 @@ def annotator_pause(
         project=project, annotator_id=annotator_id, status=Assignment.Status.LEASED
     ):
         annotation_services._assignment_expire(assignment, now)
-    labels = Judgment.objects.filter(project=project, annotator_id=annotator_id, qc_flag="")
+    labels = Judgment.objects.filter(project=project, annotator_id=annotator_id).unflagged()
     if since is not None:
         labels = labels.filter(created_at__gt=since)
     labels.update(qc_flag=_pause_flag(failed_checks))
