@@ -1,9 +1,9 @@
-"""Time evaluation.leaderboard against FastChat's own rating code on the same battles.
+"""Time evaluation.stats.leaderboard against FastChat's own rating code on the same battles.
 
 Both sides get the same simulated battles (model names and Arena outcomes as in-memory columns
 of Python strings) and compute a point estimate plus the same number of bootstrap replicates:
   ours:     ``pair_counts`` on the columns -> Newton fit -> multinomial bootstrap, all replicates
-            fitted at once (``evaluation.leaderboard``, Arena's tie conventions);
+            fitted at once (``evaluation.stats.leaderboard``, Arena's tie conventions);
   FastChat: ``compute_bt`` + ``compute_bootstrap_bt`` imported unchanged from
             ``fastchat/serve/monitor/rating_systems.py`` of a checkout given with ``--fastchat``
             (it takes a DataFrame, built from the same columns before the clock starts; pandas 3
@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation.leaderboard import leaderboard, pair_counts
+from evaluation.stats.leaderboard import leaderboard, pair_counts
 
 ARENA_SCALE, ARENA_BASE, ARENA_INIT = 400.0, 10.0, 1000.0
 

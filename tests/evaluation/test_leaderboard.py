@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evaluation.leaderboard import (
+from evaluation.stats.leaderboard import (
     bootstrap_outcomes,
     ci_ranks,
     leaderboard,

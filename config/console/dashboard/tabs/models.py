@@ -19,8 +19,7 @@ from config.console.dashboard.panel import (
     number,
 )
 from config.console.dashboard.specs import ForestChart, ForestSeries
-from evaluation import leaderboard
-from evaluation.stats import winrate
+from evaluation.stats import leaderboard, winrate
 
 MAX_WINRATE_PAIRS = 20
 MAX_SAMPLE_PROMPTS = 3
