@@ -114,14 +114,19 @@ def _insert_sql(model, vendor: str) -> tuple[str, tuple]:
     return statement, fields
 
 
+def insert_parts(obj) -> tuple[str, list]:
+    """Return `INSERT ... RETURNING pk` for a new instance and its parameters."""
+    statement, fields = _insert_sql(type(obj), connection.vendor)
+    return statement, [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+
+
 def insert(obj):
     """Insert a new instance in one prepared statement, as `save()` would; return it.
 
     The fields' own `pre_save` (auto_now_add) and `get_db_prep_save` (JSON, datetimes) make
     the values; no signals are sent (the serving models have no receivers).
     """
-    statement, fields = _insert_sql(type(obj), connection.vendor)
-    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    statement, params = insert_parts(obj)
     obj.pk = fetch_value(statement, params)
     obj._state.adding = False
     obj._state.db = connection.alias
