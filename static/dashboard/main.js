@@ -5,7 +5,8 @@
  * id="dashboard-charts">, written by Django's json_script) and an empty <div data-chart="key">
  * per chart. Each spec's "type" names the module in charts/ that draws it with Chart.js
  * (static/vendor/chart.umd.min.js, a classic script that runs before this module). No inline
- * script or style anywhere (CSP): sizes are set through the CSSOM.
+ * script or style anywhere (CSP): sizes are set through the CSSOM. A live panel, polled by
+ * htmx, carries its own spec block (id "chart-spec-<key>") and is drawn when it arrives.
  */
 import { curves } from "./charts/curves.js";
 import { forest } from "./charts/forest.js";
@@ -16,16 +17,22 @@ import { applyDefaults } from "./theme.js";
 
 const RENDERERS = { curves, forest, histogram, reliability, stacked };
 
-function drawAll() {
-  const dataNode = document.getElementById("dashboard-charts");
+function specOf(key, pageSpecs) {
+  // A live panel brings its own spec (refreshed with it); otherwise the page's block has it.
+  const own = document.getElementById("chart-spec-" + key);
+  return own ? JSON.parse(own.textContent || "null") : pageSpecs[key];
+}
+
+function drawIn(root) {
   const Chart = window.Chart;
-  if (!dataNode || typeof Chart === "undefined") {
+  if (typeof Chart === "undefined") {
     return;
   }
-  const specs = JSON.parse(dataNode.textContent || "{}") || {};
+  const dataNode = document.getElementById("dashboard-charts");
+  const pageSpecs = dataNode ? JSON.parse(dataNode.textContent || "{}") || {} : {};
   applyDefaults(Chart);
-  document.querySelectorAll("[data-chart]").forEach((el) => {
-    const spec = specs[el.getAttribute("data-chart")];
+  root.querySelectorAll("[data-chart]:not([data-drawn])").forEach((el) => {
+    const spec = specOf(el.getAttribute("data-chart"), pageSpecs);
     const render = spec && RENDERERS[spec.type];
     if (!render) {
       return;
@@ -40,4 +47,7 @@ function drawAll() {
   });
 }
 
-drawAll();
+drawIn(document);
+// Live panels (runs, progress, QC state) come back from htmx every few seconds: draw their
+// charts as they arrive; charts already drawn are left alone.
+document.addEventListener("htmx:load", (event) => drawIn(event.detail.elt));

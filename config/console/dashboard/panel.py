@@ -30,6 +30,8 @@ class Panel:
     # Template-only extras (e.g. samples grouped by prompt); never part of the CSV.
     extra: dict[str, Any] = field(default_factory=dict)
     csv_url: str = ""
+    # Set on the panels a page refreshes while it is open (runs, progress, QC state).
+    live_url: str = ""
 
     @property
     def has_data(self) -> bool:

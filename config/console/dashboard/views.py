@@ -9,7 +9,7 @@ on any page returns the numbers of one of its charts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cache
 
 from django.contrib.auth.decorators import login_required
@@ -41,6 +41,11 @@ TABS = (
 )
 
 Builders = dict[str, Callable[[], Panel | None]]
+# How often the live panels (runs, progress, QC state) refresh while a page is open.
+LIVE_SECONDS = 5
+# Panels refreshed while the page is open: progress and QC state, and a run that is not over.
+LABELS_LIVE = ("progress", "annotators")
+RUN_LIVE = ("runs", "curves", "alarms")
 
 
 def _project_for(request: HttpRequest, project_id: int) -> Project:
@@ -69,25 +74,54 @@ def _page(
     context: dict,
     csv_prefix: str,
     template: str = "dashboard/panels.html",
+    live: Iterable[str] = (),
 ) -> HttpResponse:
-    """Render the panels, or one panel's CSV when ``?format=csv&chart=<key>``."""
+    """Render the panels, one panel's CSV (``?format=csv&chart=<key>``) or one live panel.
+
+    The panels named in ``live`` carry a URL (``?panel=<key>``) that htmx polls every
+    LIVE_SECONDS, answered with that panel alone (its chart spec inside it).
+    """
     if request.GET.get("format") == "csv":
         builder = builders.get(request.GET.get("chart", ""))
         panel = builder() if builder else None
         if panel is None:
             raise Http404("No such chart on this page.")
         return csv_response(panel.columns, panel.rows, f"{csv_prefix}-{panel.key}")
-    panels = [panel for panel in (build() for build in builders.values()) if panel is not None]
-    charts = {p.key: spec_json(p.chart) for p in panels if p.chart and p.has_data}
     query = request.GET.copy()
-    query.pop("format", None)
-    query.pop("chart", None)
-    for panel in panels:
+    for name in ("format", "chart", "panel"):
+        query.pop(name, None)
+    live = set(live)
+
+    def links(panel: Panel) -> Panel:
         panel_query = query.copy()
         panel_query["format"] = "csv"
         panel_query["chart"] = panel.key
         panel.csv_url = f"?{panel_query.urlencode()}"
-    return render(request, template, {**context, "panels": panels, "charts": charts})
+        if panel.key in live:
+            live_query = query.copy()
+            live_query["panel"] = panel.key
+            panel.live_url = f"{request.path}?{live_query.urlencode()}"
+        return panel
+
+    if "panel" in request.GET:
+        key = request.GET["panel"]
+        panel = builders[key]() if key in builders and key in live else None
+        if panel is None:
+            raise Http404("No such live panel on this page.")
+        chart = spec_json(panel.chart) if panel.chart and panel.has_data else None
+        return render(
+            request,
+            "dashboard/_panel.html",
+            {"panel": links(panel), "live_chart": chart, "live_seconds": LIVE_SECONDS},
+        )
+    built = (build() for build in builders.values())
+    panels = [links(panel) for panel in built if panel is not None]
+    charts = {p.key: spec_json(p.chart) for p in panels if p.chart and p.has_data}
+    return render(
+        request,
+        template,
+        {**context, "panels": panels, "charts": charts, "live_seconds": LIVE_SECONDS},
+    )
 
 
 def _tabs(project: Project, active: str) -> list[dict]:
@@ -152,6 +186,7 @@ def project_labels(request: HttpRequest, project_id: int) -> HttpResponse:
             "data": data,
         },
         csv_prefix=f"{slugify(project.name)}-labels",
+        live=LABELS_LIVE,
     )
 
 
@@ -233,7 +268,15 @@ def project_training(request: HttpRequest, project_id: int) -> HttpResponse:
             "selected_run": selected,
         },
         csv_prefix=f"{slugify(project.name)}-training",
+        live=_run_live(selected),
     )
+
+
+def _run_live(run: TrainingRun | None) -> tuple[str, ...]:
+    """Return the panels to refresh: the runs always, a run's curves while it is not over."""
+    if run is not None and run.status in (TrainingRun.Status.QUEUED, TrainingRun.Status.RUNNING):
+        return RUN_LIVE
+    return ("runs",)
 
 
 def _run_builders(run: TrainingRun | None, runs: list[TrainingRun]) -> Builders:
@@ -269,4 +312,5 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "run_version": version,
         },
         csv_prefix=f"run-{run.pk}",
+        live=_run_live(run),
     )

@@ -12,14 +12,31 @@ from training.models import ModelVersion, TrainingRun
 
 MAX_CURVE_POINTS = 1_000
 
-# Logged keys of each curve, first match wins (our PPO, TRL GRPO/RLOO, TRL PPO, SFT/DPO/RM).
+# Logged keys of each curve, first match wins. Our PPO logs ``ppo/*``, ``kl/*``, ``score/*``;
+# TRL's trainers (SFT, reward, DPO, GRPO, RLOO) log their own names; each tuple lists them all.
 CURVE_KEYS: dict[str, tuple[str, ...]] = {
     "reward": ("reward", "score/raw_mean", "objective/scores", "objective/rlhf_reward"),
+    "reward_std": ("reward_std", "score/raw_std"),
     "kl": ("kl/seq_mean", "kl", "objective/kl"),
     "entropy": ("entropy/rollout", "entropy", "ppo/entropy", "policy/entropy_avg"),
     "response_length": ("response/length_mean", "completions/mean_length", "response_length"),
     "loss": ("loss", "ppo/policy_loss", "loss/policy_avg"),
     "value_loss": ("value_loss", "ppo/value_loss", "loss/value_avg"),
+    # DPO's implicit rewards beta * log(pi / pi_ref) of each answer (TRL DPOTrainer)
+    "rewards_chosen": ("rewards/chosen",),
+    "rewards_rejected": ("rewards/rejected",),
+    "rewards_margins": ("rewards/margins",),
+    "rewards_accuracies": ("rewards/accuracies",),
+    # reward model (TRL RewardTrainer) and SFT
+    "accuracy": ("accuracy",),
+    "margin": ("margin",),
+    "token_accuracy": ("mean_token_accuracy",),
+    # the size of each policy update (our PPO; TRL GRPO/RLOO; TRL PPO)
+    "clip_fraction": ("ppo/clip_fraction", "clip_ratio/region_mean", "policy/clipfrac_avg"),
+    "approx_kl": ("ppo/approx_kl", "policy/approxkl_avg"),
+    "grad_norm": ("ppo/policy_grad_norm", "grad_norm"),
+    "value_grad_norm": ("ppo/value_grad_norm",),
+    "learning_rate": ("learning_rate", "lr"),
 }
 # The curve each alarm kind is about (its label is drawn there; other curves get the line).
 ALARM_METRICS = {
@@ -29,13 +46,67 @@ ALARM_METRICS = {
     "entropy_collapse": "entropy",
     "value_loss_spike": "value_loss",
 }
+# Alarms that mean something for a recipe. The reward-hacking signs (KL running away while
+# reward rises, answers growing, entropy collapsing) belong to the recipes that sample answers
+# and chase a reward; SFT, DPO and reward models lower their entropy by design and generate
+# nothing, so only a metric that is not a number is an alarm there.
+_SAMPLING_ALARMS = frozenset(
+    {"non_finite", "kl_limit", "kl_superlinear", "length_explosion", "entropy_collapse"}
+)
+RECIPE_ALARMS: dict[str, frozenset[str]] = {
+    "sft": frozenset({"non_finite"}),
+    "reward": frozenset({"non_finite"}),
+    "dpo": frozenset({"non_finite"}),
+    "grpo": _SAMPLING_ALARMS,
+    "rloo": _SAMPLING_ALARMS,
+    "ppo": _SAMPLING_ALARMS | {"value_loss_spike"},
+}
 CURVE_TITLES = {
     "reward": "Reward",
+    "reward_std": "Reward spread (std)",
     "kl": "KL to the reference",
     "entropy": "Entropy",
     "response_length": "Response length",
     "loss": "Loss",
     "value_loss": "Value loss",
+    "rewards_chosen": "Implicit reward, chosen",
+    "rewards_rejected": "Implicit reward, rejected",
+    "rewards_margins": "Implicit reward margin",
+    "rewards_accuracies": "Preference accuracy",
+    "accuracy": "Pair accuracy",
+    "margin": "Score margin",
+    "token_accuracy": "Token accuracy",
+    "clip_fraction": "Clip fraction",
+    "approx_kl": "Approximate KL per update",
+    "grad_norm": "Gradient norm",
+    "value_grad_norm": "Value gradient norm",
+    "learning_rate": "Learning rate",
+}
+_HACKING = (
+    "Reward rising while the KL to the reference runs away, answers grow longer or entropy "
+    "collapses is the reward-hacking pattern (Gao et al. 2023, Scaling Laws for Reward Model "
+    "Overoptimization); dashed lines mark alarms."
+)
+CURVE_NOTES = {
+    "sft": "Loss is the cross-entropy of the chosen answers' tokens (supervised fine-tuning, "
+    "the first step of InstructGPT, Ouyang et al. 2022); token accuracy and entropy follow "
+    "it. Entropy falls as the model imitates the answers, which is expected for SFT and "
+    "raises no alarm.",
+    "reward": "Loss is the pairwise Bradley-Terry loss of the reward model (Ouyang et al. 2022, "
+    "InstructGPT); pair accuracy is the share of pairs scored the way annotators chose, and "
+    "the score margin how far apart the two answers' scores are.",
+    "dpo": "Implicit rewards are beta times the log-ratio of the policy to the reference for "
+    "each answer (Rafailov et al. 2023, Direct Preference Optimization). The margin (chosen "
+    "minus rejected) should grow and the preference accuracy (pairs with the chosen answer "
+    "ahead) climb above 0.5; both rewards drifting down together is common.",
+    "grpo": "Reward is the mean score of the sampled answers, normalised within each group "
+    "(Shao et al. 2024, DeepSeekMath). " + _HACKING,
+    "rloo": "Reward is the mean score of the sampled answers, each judged against the others "
+    "for the same prompt (Ahmadian et al. 2024, Back to Basics). " + _HACKING,
+    "ppo": "Clip fraction (share of tokens whose probability ratio left the clip range) and "
+    "approximate KL per update show how far each update moved the policy (Schulman et al. "
+    "2017, Proximal Policy Optimization; the KL estimator of Schulman 2020, Approximating KL "
+    "Divergence). " + _HACKING,
 }
 
 
@@ -120,7 +191,12 @@ def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
             rows.append([name, sources[name], int(s.steps[i]), raw, smoothed])
             points.append([int(s.steps[i]), raw, smoothed])
         charts.append(Curve(name, CURVE_TITLES[name], sources[name], points))
-    alarms = curves.training_alarms(records)
+    allowed = RECIPE_ALARMS.get(run.recipe)
+    alarms = [
+        alarm
+        for alarm in curves.training_alarms(records)
+        if allowed is None or alarm.kind in allowed
+    ]
     chart = CurvesChart(
         charts=charts,
         alarms=[CurveAlarm(a.step, a.kind, ALARM_METRICS.get(a.kind, "")) for a in alarms],
@@ -133,15 +209,22 @@ def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
         chart=chart,
         wide=True,
         show_table=False,
-        note="Read together: reward rising with KL exploding, length growing "
-        "or entropy collapsing is the reward-hacking pattern. Smoothing: debiased EMA 0.6. "
-        "Dashed lines mark alarms.",
+        note=CURVE_NOTES.get(run.recipe, _HACKING)
+        + " Thin lines are the logged values, thick ones a bias-corrected moving average "
+        "(weight 0.6 on the past).",
     )
     if not alarms:
-        return curves_panel_, empty(
-            "alarms", "Alarms", "No alarm: KL, length, entropy and value loss look sane."
-        )
+        return curves_panel_, empty("alarms", "Alarms", _no_alarm_message(allowed))
     alarm_rows = [[a.step, a.kind, a.reason] for a in alarms]
     return curves_panel_, Panel(
         key="alarms", title="Alarms", columns=["step", "kind", "why"], rows=alarm_rows
     )
+
+
+def _no_alarm_message(allowed: frozenset[str] | None) -> str:
+    if allowed is not None and allowed <= {"non_finite"}:
+        return (
+            "No alarm: every logged metric is a number. This recipe samples no answers, so "
+            "the reward-hacking checks (KL, length, entropy) do not apply."
+        )
+    return "No alarm: KL, length, entropy and value loss look sane."
