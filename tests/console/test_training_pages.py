@@ -275,3 +275,31 @@ def test_a_run_started_from_the_page_is_queued_once_and_shows_its_progress(
     assert "hx-trigger" not in html  # polling stops with the run
     runs_page = client.get(reverse("console:training-runs", args=[project.pk])).content.decode()
     assert f'data-run="{run.pk}" data-status="succeeded"' in runs_page
+
+
+@pytest.mark.django_db
+def test_cancel_and_resume_buttons_go_through_the_training_services(client, world):
+    project, researcher, _annotator, dataset, _model = world
+    run = TrainingRun.objects.create(recipe="reward", project=project, dataset_version=dataset)
+    client.force_login(researcher)
+    page_url = reverse("console:training-run", args=[project.pk, run.pk])
+    page = client.get(page_url).content.decode()
+    cancel_url = reverse("console:training-run-cancel", args=[project.pk, run.pk])
+    resume_url = reverse("console:training-run-resume", args=[project.pk, run.pk])
+    assert f'action="{cancel_url}"' in page and f'action="{resume_url}"' not in page
+    # when the researcher cancels the queued run
+    assert client.post(cancel_url)["Location"] == page_url
+    run.refresh_from_db()
+    assert run.status == TrainingRun.Status.CANCELLED and run.finished_at is not None
+    page = client.get(page_url).content.decode()
+    assert f'action="{resume_url}"' in page and f'action="{cancel_url}"' not in page
+    assert f"Run {run.pk} cancelled." in page
+    # then resumes it: queued again, its end cleared
+    client.post(resume_url)
+    run.refresh_from_db()
+    assert run.status == TrainingRun.Status.QUEUED and run.finished_at is None
+    # a finished run cannot be resumed; the page says why and changes nothing
+    TrainingRun.objects.filter(pk=run.pk).update(status=TrainingRun.Status.SUCCEEDED)
+    page = client.post(resume_url, follow=True).content.decode()
+    assert "already succeeded" in page
+    assert TrainingRun.objects.get(pk=run.pk).status == TrainingRun.Status.SUCCEEDED
