@@ -73,7 +73,8 @@ def agreement_panel(data: ProjectData) -> Panel:
             x_min=min([0.0, *lows]),
             x_max=1.0,
         ),
-        note="Alpha and kappa are chance-corrected (0 = chance, 1 = perfect); percent "
+        note="Krippendorff's alpha (Krippendorff 2004) and Cohen's kappa (Cohen 1960) are "
+        "chance-corrected (0 = chance, 1 = perfect); percent "
         "agreement is not. Sources are never pooled: simulated or AI labels are shown "
         "beside the human ones.",
         extra={"matrix": _kappa_matrix(result)},

@@ -64,7 +64,8 @@ def leaderboard_panel(data: ProjectData) -> Panel:
         for r in board.rows
     ]
     note = (
-        f"Bradley-Terry on the Arena scale (mean 1000, 400 points = 10:1 odds); 95% CIs from "
+        f"Bradley-Terry ratings (Bradley and Terry 1952) on the Chatbot Arena scale (Chiang et al. "
+        "2024; mean 1000, 400 points = 10:1 odds); 95% CIs from "
         f"{LEADERBOARD_BOOT} bootstrap resamples of battles; a tie counts half, both-bad is left "
         "out of the fit. Rank = 1 + models whose interval lies wholly above. " + BATTLE_NOTE
     )
@@ -230,7 +231,8 @@ def win_rate_panel(data: ProjectData) -> Panel:
         wide=True,
         note="Ties count half; both-bad votes are reported apart and left out of the rate. "
         f"CIs resample prompts ({WINRATE_BOOT} draws), not votes. The length-controlled rate "
-        "is the win rate predicted at equal answer length (AlpacaEval 2.0 style), shown from "
+        "is the win rate predicted at equal answer length (Dubois et al. 2024, Length-Controlled "
+        "AlpacaEval), shown from "
         f"{LC_MIN_VOTES} decisive votes. "
         f"Newer = registered later (or, without a version, first generated later). {BATTLE_NOTE}",
     )

@@ -61,7 +61,8 @@ def reward_model_table_panel(versions: list[ModelVersion]) -> Panel:
         rows=rows,
         wide=True,
         note="From manage.py evaluate_rm --model-version ID --file F --save. ROC-AUC uses a "
-        "random A/B order; T is fitted on half of the prompts and judged on the other half.",
+        "random A/B order; T (temperature scaling, Guo et al. 2017) is fitted on half of the "
+        "prompts and judged on the other half.",
     )
 
 
@@ -112,7 +113,7 @@ def calibration_panel(version: ModelVersion) -> Panel:
     ece = number(metrics.get("ece"))
     note = (
         f"ECE (all pairs, T = 1) {format_cell(ece)}; points on the diagonal are calibrated, "
-        "below it over-confident. "
+        "below it over-confident (ECE: expected calibration error, Guo et al. 2017). "
     )
     if temperature.get("value") is not None:
         note += (
