@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 
 from annotation import access
 from annotation.models import Project
 
 
-def training_pages_exist() -> bool:
-    """Return whether the console's training pages are installed (config.console.training_urls)."""
-    return importlib.util.find_spec("config.console.training_urls") is not None
+def training_url(project_id: int) -> str | None:
+    """Return the console's training page of a project, or None while it is not routed."""
+    try:
+        return reverse("console:training", args=[project_id])
+    except NoReverseMatch:
+        return None
 
 
 def console_context(*, request, project: Project | None = None, section: str = "", **extra):
@@ -23,8 +24,9 @@ def console_context(*, request, project: Project | None = None, section: str = "
         if can_manage:
             nav.append(("data", "Data", reverse("console:data", args=[project.pk])))
         nav.append(("review", "Review", reverse("console:review", args=[project.pk])))
-        if can_manage and training_pages_exist():
-            nav.append(("training", "Training", f"/console/projects/{project.pk}/training/"))
+        training = training_url(project.pk) if can_manage else None
+        if training is not None:
+            nav.append(("training", "Training", training))
         if can_manage:
             nav.append(("dashboard", "Dashboard", reverse("dashboard:project", args=[project.pk])))
     else:
