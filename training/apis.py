@@ -113,6 +113,8 @@ class ModelVersionOutput(serializers.ModelSerializer):
             "dataset_version",
             "project",
             "eval_results",
+            "endpoint_name",
+            "endpoint_model",
             "lineage",
             "created_at",
         ]
@@ -253,3 +255,47 @@ class ModelVersionDetailApi(ResearcherApi):
         if version is None:
             raise NotFound("No such model version.")
         return Response(ModelVersionOutput(version).data)
+
+
+class GenerationEndpointListApi(ResearcherApi):
+    """The OpenAI-compatible endpoints the deployment declares: names and models, no URLs."""
+
+    @extend_schema_serializer(component_name="GenerationEndpointOutput")
+    class OutputSerializer(serializers.Serializer):
+        name = serializers.CharField()
+        models = serializers.ListField(child=serializers.CharField())
+
+    @extend_schema(responses=OutputSerializer(many=True))
+    def get(self, request):
+        from training.generation.endpoints import generation_endpoints
+
+        rows = [{"name": p.name, "models": list(p.models)} for p in generation_endpoints().values()]
+        return Response(self.OutputSerializer(rows, many=True).data)
+
+
+class ModelVersionEndpointCreateApi(ResearcherApi):
+    """Register a policy served by a declared endpoint, picked by endpoint and model name."""
+
+    @extend_schema_serializer(component_name="EndpointPolicyInput")
+    class InputSerializer(serializers.Serializer):
+        project_id = serializers.IntegerField(help_text="The project the policy is for.")
+        name = serializers.CharField(max_length=200, help_text="Unique name of the version.")
+        endpoint = serializers.CharField(
+            max_length=100, help_text="A name from GET /api/training/generation-endpoints/."
+        )
+        model = serializers.CharField(max_length=200, help_text="One of that endpoint's models.")
+
+    @extend_schema(request=InputSerializer, responses={201: ModelVersionOutput})
+    def post(self, request):
+        from training.generation.endpoints import model_version_endpoint_create
+
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        project = access.project_for(
+            user=request.user, project_id=data["project_id"], role=access.MANAGER
+        )
+        version = model_version_endpoint_create(
+            name=data["name"], endpoint=data["endpoint"], model=data["model"], project=project
+        )
+        return Response(ModelVersionOutput(version).data, status=status.HTTP_201_CREATED)

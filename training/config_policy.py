@@ -237,6 +237,8 @@ def training_run_for_run(*, user, project, run_id: Any, field: str):
 
 def model_version_folder(*, version, field: str) -> str:
     """Return the folder of a registered model, checked against the roots like any path."""
+    if version.kind == "endpoint":
+        raise _refuse(field, "a policy behind an endpoint has no weights here to train from.")
     return path_check(value=version.artifact_path, field=field)
 
 

@@ -92,6 +92,9 @@ class ModelVersion(models.Model):
     class Kind(models.TextChoices):
         POLICY = "policy"
         REWARD = "reward"
+        # A policy served by an OpenAI-compatible server the deployment declares
+        # (PREFLOOP_GENERATION_ENDPOINTS): no weights here, named by endpoint and model.
+        ENDPOINT = "endpoint", "Policy behind an endpoint"
 
     name = models.CharField(max_length=200, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.POLICY)
@@ -111,10 +114,41 @@ class ModelVersion(models.Model):
         related_name="model_versions",
     )
     eval_results = models.JSONField(default=dict, blank=True)
+    endpoint_name = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="Kind endpoint: a name declared in PREFLOOP_GENERATION_ENDPOINTS.",
+    )
+    endpoint_model = models.CharField(
+        max_length=200, blank=True, help_text="Kind endpoint: one of that endpoint's models."
+    )
+    project = models.ForeignKey(
+        "annotation.Project",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="model_versions",
+        help_text="The project that registered it, when no training run of a project made it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(kind="endpoint")
+                    & ~models.Q(endpoint_name="")
+                    & ~models.Q(endpoint_model="")
+                )
+                | (
+                    ~models.Q(kind="endpoint")
+                    & models.Q(endpoint_name="")
+                    & models.Q(endpoint_model="")
+                ),
+                name="modelversion_endpoint_fields_iff_endpoint_kind",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

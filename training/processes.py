@@ -223,12 +223,21 @@ def child_env() -> dict[str, str]:
     cloud or hub credentials of the worker stay out of a process that runs model code.
     """
     extra = set(settings.PREFLOOP_TRAINING_ENV_PASSTHROUGH)
+    # Generation endpoints' keys stay out whatever their names (and the passthrough) say.
+    endpoint_keys = {
+        entry.get("api_key_env")
+        for entry in settings.PREFLOOP_GENERATION_ENDPOINTS.values()
+        if isinstance(entry, dict)
+    }
     env = {
         name: value
         for name, value in os.environ.items()
-        if name in extra
-        or name in CHILD_ENV_NAMES
-        or (name.startswith(CHILD_ENV_PREFIXES) and not CHILD_ENV_SECRET.search(name))
+        if name not in endpoint_keys
+        and (
+            name in extra
+            or name in CHILD_ENV_NAMES
+            or (name.startswith(CHILD_ENV_PREFIXES) and not CHILD_ENV_SECRET.search(name))
+        )
     }
     env["PYTHONUNBUFFERED"] = "1"
     base = str(settings.BASE_DIR)

@@ -48,7 +48,9 @@ def model_version_list(*, user, kind: str = "") -> QuerySet:
     if not user.is_staff:
         projects = _researched_project_ids(user)
         versions = versions.filter(
-            Q(training_run__project_id__in=projects) | Q(dataset_version__project_id__in=projects)
+            Q(training_run__project_id__in=projects)
+            | Q(dataset_version__project_id__in=projects)
+            | Q(project_id__in=projects)
         )
     if kind:
         versions = versions.filter(kind=kind)
@@ -67,12 +69,12 @@ def model_version_lineage(*, version: ModelVersion) -> list[ModelVersion]:
 
 
 def model_version_project_id(*, version: ModelVersion) -> int | None:
-    """Return the project a registered model belongs to (its run's, else its dataset's)."""
+    """Return the project a registered model belongs to (its run's, dataset's, or own)."""
     if version.training_run is not None and version.training_run.project_id:
         return version.training_run.project_id
     if version.dataset_version is not None:
         return version.dataset_version.project_id
-    return None
+    return version.project_id
 
 
 def dataset_version_for_user(*, user, dataset_version_id: int):

@@ -17,6 +17,16 @@ urlpatterns = [
     ),
     path("models/", apis.ModelVersionListApi.as_view(), name="api-model-versions"),
     path(
+        "models/endpoint/",
+        apis.ModelVersionEndpointCreateApi.as_view(),
+        name="api-model-version-endpoint",
+    ),
+    path(
+        "generation-endpoints/",
+        apis.GenerationEndpointListApi.as_view(),
+        name="api-generation-endpoints",
+    ),
+    path(
         "models/<int:version_id>/",
         apis.ModelVersionDetailApi.as_view(),
         name="api-model-version",

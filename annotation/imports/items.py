@@ -46,6 +46,11 @@ GENERATION_KEYS = {
     "k",
     "repetition_penalty",
     "do_sample",
+    # training.generation backends: which one, and for a server the exact request and reply
+    "backend",
+    "endpoint",
+    "request",
+    "response",
 }
 
 

@@ -130,6 +130,15 @@ PREFLOOP_MODEL_ROOTS = env.list("PREFLOOP_MODEL_ROOTS", default=[])
 # Extra environment variables the training subprocess inherits (it gets a minimal set).
 PREFLOOP_TRAINING_ENV_PASSTHROUGH = env.list("PREFLOOP_TRAINING_ENV_PASSTHROUGH", default=[])
 
+# Generation (training/generation/). Local policies are sampled by "transformers" (batched,
+# left padding) or "vllm" (its offline engine; GPU images with vllm installed). Policies of
+# kind "endpoint" go to the OpenAI-compatible servers declared here as JSON: name ->
+# {"base_url", "models": [...], "api_key_env": the variable holding the key (read at call
+# time, never stored, never given to training processes), optional "concurrency",
+# "timeout_seconds", "retries"}. Researchers pick a name and a model, never a URL.
+PREFLOOP_GENERATION_LOCAL_BACKEND = env("PREFLOOP_GENERATION_LOCAL_BACKEND", default="transformers")
+PREFLOOP_GENERATION_ENDPOINTS = env.json("PREFLOOP_GENERATION_ENDPOINTS", default={})
+
 # Training runs (training/supervisor.py, processes.py). Runs are written under
 # TRAINING_OUTPUT_ROOT/run-<id>/ (None: ARTIFACT_ROOT/training). The launcher is "python",
 # "accelerate" (with TRAINING_ACCELERATE_ARGS) or a list used as the command's prefix.

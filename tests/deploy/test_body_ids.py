@@ -266,6 +266,12 @@ CASES = [
         )
     ],
     Case(
+        "register an endpoint policy in B",
+        "POST",
+        lambda w: "/api/training/models/endpoint/",
+        lambda w: {"project_id": w.b.pk, "name": "e", "endpoint": "x", "model": "m"},
+    ),
+    Case(
         "resume from B's run",
         "POST",
         lambda w: "/api/training/runs/",

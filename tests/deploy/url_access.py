@@ -117,6 +117,13 @@ ACCESS: dict[str, Rule] = {
     "api-training-run-resume": Rule(post=RESEARCHER),
     "api-model-versions": Rule(get=ANY_RESEARCHER),
     "api-model-version": Rule(get=RESEARCHER),
+    # Names and models of the deployment's generation endpoints (no URLs, no keys).
+    "api-generation-endpoints": Rule(get=ANY_RESEARCHER),
+    # An unknown endpoint is a 400 for P's researchers; other projects' researchers get 404.
+    "api-model-version-endpoint": Rule(
+        post=RESEARCHER,
+        data=lambda w: {"project_id": w.project.pk, "name": "e", "endpoint": "x", "model": "m"},
+    ),
     # --- QC: figures and other people's labels for reviewers, controls for researchers ---
     "api-qc-agreement": Rule(get=REVIEWER),
     "api-qc-labels": Rule(get=REVIEWER),

@@ -26,7 +26,8 @@ from django.db import transaction
 from annotation import services as annotation_services
 from annotation.imports import ImportFailed, items_import, normalise
 from annotation.models import Judgment, Project, Round
-from training.generation import GenerationSettings, generate_candidates
+from training.generation import GenerationSettings
+from training.generation.endpoints import candidates_generate
 from training.loop.mining import prompts_select, reward_models_newest
 from training.loop.settings import DPO_DEFAULTS, PPO_DEFAULTS, REWARD_DEFAULTS, LoopSettings
 from training.models import ModelVersion, TrainingRun
@@ -82,17 +83,13 @@ def round_generate(
     k = project.k
     from_new = k - 1 if (mix_with is not None and k > 1) else k
     # Oversample so that duplicates can be dropped and K distinct answers remain.
-    new = generate_candidates(
-        model_version.artifact_path,
-        prompts,
-        k=from_new * 2,
-        settings=gen,
-        model_name=model_version.name,
+    # A backend failure (e.g. an endpoint that does not answer) raises before anything is
+    # imported, so the round stays without items: nothing half made is served.
+    new = candidates_generate(
+        model_version=model_version, prompts=prompts, k=from_new * 2, settings=gen
     )
     old = (
-        generate_candidates(
-            mix_with.artifact_path, prompts, k=2, settings=gen, model_name=mix_with.name
-        )
+        candidates_generate(model_version=mix_with, prompts=prompts, k=2, settings=gen)
         if from_new < k
         else [[] for _ in prompts]
     )

@@ -1,0 +1,137 @@
+"""Sample candidates from a local policy folder with transformers, batched with left padding.
+
+The default backend: it runs in the `gpu` worker. Prompts go through the model's chat template
+and are batched `settings.batch_size` at a time, padded on the left so that every row's answer
+starts at the same column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from training.generation.base import (
+    Candidate,
+    GenerationSettings,
+    Prompt,
+    candidate_seed,
+    messages_of,
+)
+
+
+class TransformersBackend:
+    """Generate with `model.generate` from a transformers folder (no remote code)."""
+
+    name = "transformers"
+
+    def __init__(self, model_path: str | Path):
+        self.model_path = str(model_path)
+
+    def generate(
+        self,
+        prompts: list[Prompt],
+        *,
+        k: int,
+        settings: GenerationSettings,
+        model_name: str = "",
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Candidate]]:
+        """Return k candidates for each prompt; candidates of a prompt use distinct seeds."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model_path = self.model_path
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(model_path)
+        model.eval()
+        template = tokenizer.chat_template or ""
+        template_hash = hashlib.sha256(template.encode()).hexdigest()[:16]
+        base_config = {
+            "backend": self.name,
+            "template": f"sha256:{template_hash}",
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k,
+            "max_new_tokens": settings.max_new_tokens,
+            "stop": list(settings.stop),
+            "do_sample": True,
+        }
+        texts = [
+            tokenizer.apply_chat_template(
+                messages_of(p), tokenize=False, add_generation_prompt=True
+            )
+            for p in prompts
+        ]
+        out: list[list[Candidate]] = [[] for _ in prompts]
+        for j in range(k):
+            for start in range(0, len(prompts), settings.batch_size):
+                batch = list(range(start, min(start + settings.batch_size, len(prompts))))
+                # One seed per (prompt, j) would need one generate() call each; instead seed
+                # the batch from its first member and record the batch layout with it.
+                seeds = [candidate_seed(settings.seed, prompts[i], j) for i in batch]
+                torch.manual_seed(seeds[0])
+                enc = tokenizer(
+                    [texts[i] for i in batch],
+                    return_tensors="pt",
+                    padding=True,
+                    add_special_tokens=False,
+                )
+                with torch.no_grad():
+                    generated = model.generate(
+                        **enc,
+                        do_sample=True,
+                        temperature=settings.temperature,
+                        top_p=settings.top_p,
+                        top_k=settings.top_k or None,
+                        max_new_tokens=settings.max_new_tokens,
+                        pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id,
+                        stop_strings=settings.stop or None,
+                        tokenizer=tokenizer if settings.stop else None,
+                    )
+                new_tokens = generated[:, enc["input_ids"].shape[1] :]
+                for row, i in enumerate(batch):
+                    text = tokenizer.decode(new_tokens[row], skip_special_tokens=True).strip()
+                    out[i].append(
+                        {
+                            "text": text,
+                            "model_name": model_name,
+                            "checkpoint_id": model_path,
+                            "generation_config": {
+                                **base_config,
+                                "seed": seeds[0],
+                                "batch": [start, len(batch), row],
+                                "k": k,
+                            },
+                        }
+                    )
+                if progress is not None:
+                    progress(len(batch))
+        return out
+
+
+def generate_candidates(
+    model_path: str | Path,
+    prompts: list[Prompt],
+    *,
+    k: int,
+    settings: GenerationSettings | None = None,
+    model_name: str = "",
+    progress: Callable[[int], None] | None = None,
+) -> list[list[Candidate]]:
+    """Return, for each prompt, k candidates `{text, model_name, checkpoint_id, generation_config}`.
+
+    Candidates of one prompt are sampled with distinct seeds; identical texts are kept (the
+    caller decides how to handle duplicates) so that the result is exactly reproducible.
+    """
+    return TransformersBackend(model_path).generate(
+        prompts,
+        k=k,
+        settings=settings or GenerationSettings(),
+        model_name=model_name,
+        progress=progress,
+    )
