@@ -7,6 +7,7 @@ does not reach, login for anonymous users). Writes go through the services the A
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -20,6 +21,8 @@ from config.console.context import console_context
 from config.console.forms import MemberForm, PauseForm, ProjectForm, ResumeForm, add_errors
 from evaluation import selectors as qc_selectors
 from evaluation import services as qc_services
+
+AGREEMENT_SECONDS = 10
 
 
 @login_required
@@ -59,8 +62,6 @@ def _project_page(request, project, *, status=200, **forms) -> HttpResponse:
         project=project,
         section="projects",
         member_form=forms.get("member_form") or MemberForm(),
-        pause_form=PauseForm(),
-        resume_form=ResumeForm(initial={"clear_labels": True}),
         refused=forms.get("refused"),
         refused_user=forms.get("refused_user"),
         settings=[
@@ -75,20 +76,34 @@ def _project_page(request, project, *, status=200, **forms) -> HttpResponse:
 def _live(project, user) -> dict:
     """Return what the project page refreshes: progress, agreement, members and QC state."""
     progress = selectors.project_progress(project=project, user=user)
-    agreement = qc_selectors.project_agreement(project=project, n_boot=0)
-    human = agreement["by_source"].get("human") or {}
-    headline = human.get("alpha") or human.get("kendall_tau")
     return {
         "progress": progress,
-        "agreement": {
-            "alpha": None if headline is None else headline["estimate"],
-            "percent": (human.get("percent_agreement") or {}).get("estimate"),
-            "n_items": human.get("n_items", 0),
-            "n_judgments": human.get("n_judgments", 0),
-        },
+        "agreement": _agreement_headline(project),
         "members": qc_selectors.annotator_quality_table(project=project),
         "disputed": project.items.filter(needs_review=True).count(),
     }
+
+
+def _agreement_headline(project) -> dict:
+    """Return the human labels' agreement, recomputed at most every AGREEMENT_SECONDS.
+
+    The page polls every few seconds and every open page would otherwise read all labels
+    each time; no bootstrap here (the dashboard shows the intervals).
+    """
+    key = f"prefloop:console-agreement:{project.pk}"
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    report = qc_selectors.project_agreement(project=project, n_boot=0)
+    human = report["by_source"].get("human") or {}
+    headline = human.get("alpha") or human.get("kendall_tau")
+    result = {
+        "alpha": None if headline is None else headline["estimate"],
+        "n_items": human.get("n_items", 0),
+        "n_judgments": human.get("n_judgments", 0),
+    }
+    cache.set(key, result, AGREEMENT_SECONDS)
+    return result
 
 
 @login_required
@@ -104,13 +119,7 @@ def project_detail(request: HttpRequest, project_id: int) -> HttpResponse:
 def project_live(request: HttpRequest, project_id: int) -> HttpResponse:
     """Return the live part of the project page (polled by htmx)."""
     project = console_project(user=request.user, project_id=project_id)
-    context = console_context(
-        request=request,
-        project=project,
-        pause_form=PauseForm(),
-        resume_form=ResumeForm(initial={"clear_labels": True}),
-        **_live(project, request.user),
-    )
+    context = console_context(request=request, project=project, **_live(project, request.user))
     return render(request, "console/_live.html", context)
 
 
