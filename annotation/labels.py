@@ -10,7 +10,8 @@ ranks by slot, comma-separated).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 PAIRWISE_LABELS = ("A", "B", "tie", "both_bad")
 
@@ -46,6 +47,39 @@ def top_positions(ranks: Sequence[int]) -> str:
     """Return the best-ranked position(s) of a ranking, e.g. "0" or "0+2" when tied."""
     best = min(ranks)
     return "+".join(str(position) for position, rank in enumerate(ranks) if rank == best)
+
+
+def gold_key(label: Label, gold: Any) -> tuple[Any, Any]:
+    """Return (answer, gold answer) in comparable terms: choices as is, rankings by best answer."""
+    if isinstance(label, str):
+        return label, gold
+    if not isinstance(gold, list):
+        return top_positions(label), None
+    return top_positions(label), top_positions(tuple(gold))
+
+
+def gold_tallies(
+    labels: Iterable[tuple[Hashable, Label, Any, bool]],
+) -> dict[Hashable, tuple[int, int]]:
+    """Return rater -> (right, answered) from (rater, label, gold answer, is_repeat) rows.
+
+    The one rule of gold accuracy, for quality control and for the exports' trust weights:
+    a rater answers each gold item once, so planned repeats are left out (rows without a gold
+    answer are not gold checks); every other label counts whatever its source (a rater is
+    judged by their own labels) or QC flag (a flag does not make a wrong answer right). A
+    pairwise label is right when it is the gold choice; a ranking when its best-ranked
+    answer(s) are the gold ranking's (a gold item asks for the best answer; the order below
+    it may fairly differ).
+    """
+    tallies: dict[Hashable, list[int]] = {}
+    for rater, label, gold, is_repeat in labels:
+        if is_repeat or gold is None:
+            continue
+        answer, expected = gold_key(label, gold)
+        tally = tallies.setdefault(rater, [0, 0])
+        tally[0] += int(expected is not None and answer == expected)
+        tally[1] += 1
+    return {rater: (right, answered) for rater, (right, answered) in tallies.items()}
 
 
 def choice_to_canonical(shown: str, display_order: Sequence[int]) -> str:

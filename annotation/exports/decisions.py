@@ -125,18 +125,23 @@ class Decider:
 
 
 def gold_weights(project: Project) -> dict[tuple, float]:
-    """Return each annotator's trust: Laplace-smoothed accuracy on gold items."""
-    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    """Return each rater's trust: Laplace-smoothed gold accuracy (`labels.gold_tallies`)."""
     rows = (
         Judgment.objects.filter(project=project, item__is_gold=True)
         .exclude(item__gold_answer__isnull=True)
-        .values_list("annotator_id", "external_rater", "choice", "ranking", "item__gold_answer")
+        .values_list(
+            "annotator_id", "external_rater", "choice", "ranking", "item__gold_answer", "is_repeat"
+        )
         .iterator(chunk_size=CHUNK)
     )
-    for annotator_id, external, choice, ranking, gold in rows:
-        rater = ("u", annotator_id) if annotator_id is not None else ("x", external)
-        label = choice if choice else ranking
-        counts[rater][0] += int(label == gold)
-        counts[rater][1] += 1
+    tallies = labels.gold_tallies(
+        (
+            ("u", annotator_id) if annotator_id is not None else ("x", external),
+            labels.label_of(choice, ranking),
+            gold,
+            is_repeat,
+        )
+        for annotator_id, external, choice, ranking, gold, is_repeat in rows
+    )
     # (correct + 1) / (answered + 2): Laplace's rule of succession
-    return {rater: (c + 1) / (n + 2) for rater, (c, n) in counts.items()}
+    return {rater: (right + 1) / (answered + 2) for rater, (right, answered) in tallies.items()}

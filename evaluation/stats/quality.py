@@ -152,8 +152,12 @@ def gold_accuracy(
     """Return accuracy on gold items, withholding judgement below ``min_items`` answers."""
     if len(answers) != len(gold):
         raise ValueError("answers and gold must have the same length")
-    n_items = len(answers)
     n_correct = sum(a == g for a, g in zip(answers, gold, strict=True))
+    return gold_accuracy_of_tally(n_correct, len(answers), min_items=min_items)
+
+
+def gold_accuracy_of_tally(n_correct: int, n_items: int, *, min_items: int = 10) -> GoldAccuracy:
+    """Return accuracy from counts of right and answered gold items (none below ``min_items``)."""
     if n_items < max(min_items, 1):
         return GoldAccuracy(n_items, n_correct, None, None, False)
     low, _ = wilson_interval(n_correct, n_items)
