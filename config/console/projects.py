@@ -13,7 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from annotation import accounts, projects, selectors, services
+from annotation import access, accounts, projects, selectors, services
 from annotation.errors import ServiceError
 from annotation.models import Membership
 from config.console.access import console_allowed, console_project, console_projects
@@ -31,8 +31,13 @@ def project_list(request: HttpRequest) -> HttpResponse:
     """List the projects the user runs or reviews, archived ones marked."""
     if not console_allowed(user=request.user):
         raise PermissionDenied("The console is for researchers, reviewers and staff.")
-    rows = console_projects(user=request.user).order_by("archived", "name")
-    context = console_context(request=request, section="projects", projects=rows)
+    rows = list(console_projects(user=request.user).order_by("archived", "name"))
+    manageable = {
+        row.pk for row in rows if access.user_can_manage(project_id=row.pk, user=request.user)
+    }
+    context = console_context(
+        request=request, section="projects", projects=rows, manageable=manageable
+    )
     return render(request, "console/projects.html", context)
 
 

@@ -48,6 +48,8 @@ function answersOf(row) {
   return out;
 }
 
+// A glance only: cells are split at commas, so a quoted comma shifts the preview's columns;
+// the server's CSV reader decides what is imported.
 function csvRows(lines) {
   const header = lines[0].split(",");
   return lines.slice(1).map((line) => {

@@ -130,6 +130,8 @@ def test_a_reviewer_reaches_the_review_queue_but_no_researcher_page():
     reviewer = make_user("console-reviewer")
     add_member(project, reviewer, Membership.Role.REVIEWER)
     client = _client(reviewer)
+    listing = client.get("/console/").content.decode()
+    assert "console project" in listing and f"/console/projects/{project.pk}/data/" not in listing
     assert client.get(f"/console/projects/{project.pk}/review/").status_code == 200
     assert client.get(f"/console/projects/{project.pk}/data/").status_code == 403
     assert client.get(f"/console/projects/{project.pk}/").status_code == 403
