@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from annotation import access, errors
 from annotation.models import Membership, Round
 from annotation.pagination import paginate
-from evaluation import selectors, services
+from evaluation import review, selectors, services
 from evaluation.agreement_cache import project_agreement_cached
 from evaluation.models import AnnotatorAssessment
 from evaluation.tasks import qc_check_project_task
@@ -214,9 +214,7 @@ class AdjudicationCreateApi(APIView):
         adjudication = services.adjudication_create(
             item_id=item_id, reviewer=request.user, **serializer.validated_data
         )
-        return Response(
-            selectors.adjudication_payload(adjudication), status=status.HTTP_201_CREATED
-        )
+        return Response(review.adjudication_payload(adjudication), status=status.HTTP_201_CREATED)
 
 
 def _int(value) -> int:

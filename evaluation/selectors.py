@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from datetime import datetime
+from functools import partial
 
 from django.contrib.auth import get_user_model
 from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import Length
 
 from annotation.exports import gold_weights
-from annotation.labels import PAIRWISE_LABELS as PAIRWISE_LABELS
-from annotation.labels import label_of
+from annotation.labels import PAIRWISE_LABELS, label_of
 from annotation.models import (
     Adjudication,
     Assignment,
@@ -40,11 +40,7 @@ from annotation.querysets import flagged_q, is_counted_row
 from annotation.services import SOURCE_GROUPS
 from evaluation import qc_metrics, review
 from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
-from evaluation.qc_metrics import AnnotatorQuality as AnnotatorQuality
-from evaluation.qc_metrics import Rater, rater_key
-from evaluation.qc_metrics import quality_thresholds as quality_thresholds
-from evaluation.review import adjudication_payload as adjudication_payload
-from evaluation.review import item_split as item_split
+from evaluation.qc_metrics import AnnotatorQuality, Rater, rater_key
 from evaluation.stats import agreement_report
 from evaluation.stats.agreement_report import RatedLabel
 from evaluation.stats.quality import SkipRate
@@ -157,23 +153,22 @@ def project_agreement(
     names = _rater_names({vote.rater for vote in votes})
     sources = qc_metrics.sources_in_order(vote.source for vote in votes)
     common = {"n_boot": n_boot, "seed": seed}
-    by_source = {}
-    for source in sources:
-        by_item = agreement_report.by_item(vote for vote in votes if vote.source == source)
-        by_source[source] = (
-            agreement_report.ranking_block(
-                by_item, names, k=project.k, min_shared_items=min_shared_items, **common
-            )
-            if ranking
-            else agreement_report.pairwise_block(
-                by_item,
-                names,
-                categories=PAIRWISE_LABELS,
-                overlap=project.overlap,
-                min_shared_items=min_shared_items,
-                **common,
-            )
+    block = (
+        partial(agreement_report.ranking_block, k=project.k)
+        if ranking
+        else partial(
+            agreement_report.pairwise_block, categories=PAIRWISE_LABELS, overlap=project.overlap
         )
+    )
+    by_source = {
+        source: block(
+            agreement_report.by_item(vote for vote in votes if vote.source == source),
+            names,
+            min_shared_items=min_shared_items,
+            **common,
+        )
+        for source in sources
+    }
     cross = agreement_report.cross_source(
         votes, reference=REFERENCE_SOURCE, ranking=ranking, categories=PAIRWISE_LABELS, **common
     )

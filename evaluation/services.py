@@ -1,7 +1,7 @@
 """Write-side QC: assess and pause annotators, queue disputed items, adjudicate, store reports.
 
-The figures come from `evaluation.selectors` (which call the pure libraries); these
-functions store what was found and act on it. Labels are flagged, never deleted.
+The figures come from `evaluation.selectors` (which load the rows for `evaluation.qc_metrics`);
+these functions store what was found and act on it. Labels are flagged, never deleted.
 
 Hook for the submit path (`annotation.services.judgment_submit`): call
 `qc_after_submit(project_id=..., annotator_id=..., judgment_count=...)` from
@@ -24,6 +24,7 @@ from django.utils import timezone
 from annotation import services as annotation_services
 from annotation.access import user_can_review
 from annotation.errors import Forbidden, NotFound, ServiceError
+from annotation.labels import PAIRWISE_LABELS
 from annotation.models import (
     Adjudication,
     Assignment,
@@ -35,7 +36,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
-from evaluation import selectors
+from evaluation import qc_metrics, selectors
 from evaluation.models import AgreementReport, AnnotatorAssessment, QualityPolicy
 from evaluation.stats.quality import PAUSE, assess_annotator
 
@@ -117,9 +118,9 @@ def _messages(error: ValidationError) -> str:
 # ---- annotator checks ----------------------------------------------------------------------
 
 
-def annotator_verdict(*, quality: selectors.AnnotatorQuality, policy: QualityPolicy) -> Verdict:
+def annotator_verdict(*, quality: qc_metrics.AnnotatorQuality, policy: QualityPolicy) -> Verdict:
     """Judge each check alone with `assess_annotator`, so every failure carries its code."""
-    thresholds = selectors.quality_thresholds(policy=policy)
+    thresholds = qc_metrics.quality_thresholds(policy=policy)
     failed, reasons, notes = [], [], []
     for code, argument in CHECKS:
         metric = getattr(quality, argument)
@@ -348,9 +349,9 @@ def _check_adjudication_label(
     if project.task_kind == TaskKind.PAIRWISE:
         if not choice or ranking is not None:
             raise ServiceError("A pairwise item takes a `choice` and no `ranking`.", code="choice")
-        if choice not in selectors.PAIRWISE_LABELS:
+        if choice not in PAIRWISE_LABELS:
             raise ServiceError(
-                f"choice must be one of {', '.join(selectors.PAIRWISE_LABELS)}.", code="choice"
+                f"choice must be one of {', '.join(PAIRWISE_LABELS)}.", code="choice"
             )
         return choice, None
     if choice or ranking is None:

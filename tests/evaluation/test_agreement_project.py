@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from annotation.labels import PAIRWISE_LABELS
 from annotation.models import Judgment, LabelSource, Membership, TaskKind
 from evaluation import selectors
 from evaluation.stats.agreement import (
@@ -63,7 +64,7 @@ def test_alpha_percent_agreement_and_fleiss_equal_the_library_on_the_same_matrix
     assert human["percent_agreement"]["estimate"] == pytest.approx(percent_agreement(MATRIX))
     # Fleiss over the 8 items that all three annotators labelled.
     full = [[row[i] for row in MATRIX] for i in range(10) if all(row[i] for row in MATRIX)]
-    _, counts = rating_counts(np.array(full, dtype=object).T, categories=selectors.PAIRWISE_LABELS)
+    _, counts = rating_counts(np.array(full, dtype=object).T, categories=PAIRWISE_LABELS)
     assert human["fleiss_kappa"]["n_items"] == 8
     assert human["fleiss_kappa"]["estimate"] == pytest.approx(fleiss_kappa(counts))
     for figure in (human["alpha"], human["fleiss_kappa"]):
@@ -206,7 +207,7 @@ def test_label_distribution_counts_labels_and_left_presses_per_source(pairwise):
     human = result["by_source"]["human"]
     flat = [label for row in MATRIX for label in row if label]
     assert human["n"] == 28
-    assert human["counts"] == {label: flat.count(label) for label in selectors.PAIRWISE_LABELS}
+    assert human["counts"] == {label: flat.count(label) for label in PAIRWISE_LABELS}
     assert human["left"] == 10 and human["right"] == 7
 
 
