@@ -886,3 +886,8 @@ def round_close(*, round_: Round) -> Round:
     round_.closed_at = timezone.now()
     round_.save(update_fields=["status", "closed_at"])
     return round_
+
+
+def assignment_expire(*, assignment: Assignment, now=None) -> None:
+    """End a live lease (e.g. when QC pauses its annotator); a second call changes nothing."""
+    _assignment_expire(assignment, now or timezone.now())

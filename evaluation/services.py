@@ -170,7 +170,7 @@ def annotator_pause(
     for assignment in Assignment.objects.filter(
         project=project, annotator_id=annotator_id, status=Assignment.Status.LEASED
     ):
-        annotation_services._assignment_expire(assignment, now)
+        annotation_services.assignment_expire(assignment=assignment, now=now)
     labels = Judgment.objects.filter(project=project, annotator_id=annotator_id).unflagged()
     if since is not None:
         labels = labels.filter(created_at__gt=since)
@@ -244,7 +244,7 @@ def annotator_pause_manual(
     for assignment in Assignment.objects.filter(
         project=project, annotator_id=annotator_id, status=Assignment.Status.LEASED
     ):
-        annotation_services._assignment_expire(assignment, now)
+        annotation_services.assignment_expire(assignment=assignment, now=now)
     return AnnotatorAssessment.objects.create(
         project=project,
         annotator_id=annotator_id,
