@@ -28,3 +28,17 @@ def test_generates_k_recorded_candidates_per_prompt_reproducibly(tiny_policy_dir
 def test_candidate_seeds_are_stable_and_distinct():
     assert candidate_seed(1, "p", 0) == candidate_seed(1, "p", 0)
     assert len({candidate_seed(1, "p", j) for j in range(8)}) == 8
+
+
+def test_each_candidate_records_how_many_tokens_were_generated(tiny_policy_dir):
+    settings = GenerationSettings(temperature=1.0, max_new_tokens=6, seed=1, batch_size=4)
+    out = generate_candidates(
+        tiny_policy_dir, ["Hi", "What is 2 + 2?", "x"], k=2, settings=settings
+    )
+    for row in out:
+        for cand in row:
+            response = cand["generation_config"]["response"]
+            count = response["usage"]["completion_tokens"]
+            assert 1 <= count <= 6
+            assert response["finish_reason"] == ("length" if count == 6 else "stop")
+            assert cand["generation_config"]["backend"] == "transformers"

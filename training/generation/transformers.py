@@ -96,6 +96,9 @@ class TransformersBackend:
                 new_tokens = generated[:, enc["input_ids"].shape[1] :]
                 for row, i in enumerate(batch):
                     text = tokenizer.decode(new_tokens[row], skip_special_tokens=True).strip()
+                    count, finish = _new_token_count(
+                        new_tokens[row].tolist(), tokenizer.eos_token_id, tokenizer.pad_token_id
+                    )
                     out[i].append(
                         {
                             "text": text,
@@ -106,12 +109,25 @@ class TransformersBackend:
                                 "seed": seeds[0],
                                 "batch": [start, len(batch), row],
                                 "k": k,
+                                # the same shape as an OpenAI-compatible server's reply
+                                "response": {
+                                    "finish_reason": finish,
+                                    "usage": {"completion_tokens": count},
+                                },
                             },
                         }
                     )
                 if progress is not None:
                     progress(len(batch))
         return out
+
+
+def _new_token_count(tokens: list[int], eos_id, pad_id) -> tuple[int, str]:
+    """Return (tokens generated, "stop" or "length"): up to the first EOS, padding excluded."""
+    if eos_id in tokens:
+        return tokens.index(eos_id) + 1, "stop"
+    generated = [t for t in tokens if t != pad_id]
+    return len(generated), "length" if len(generated) == len(tokens) else "stop"
 
 
 def generate_candidates(
