@@ -6,7 +6,7 @@
  * per chart. Each spec's "type" names the module in charts/ that draws it with Chart.js
  * (static/vendor/chart.umd.min.js, a classic script that runs before this module). No inline
  * script or style anywhere (CSP): sizes are set through the CSSOM. A live panel, polled by
- * htmx, carries its own spec block (id "chart-spec-<key>") and is drawn when it arrives.
+ * htmx, carries its own spec (attribute data-chart-spec) and is drawn when it arrives.
  */
 import { curves } from "./charts/curves.js";
 import { forest } from "./charts/forest.js";
@@ -17,10 +17,11 @@ import { applyDefaults } from "./theme.js";
 
 const RENDERERS = { curves, forest, histogram, reliability, stacked };
 
-function specOf(key, pageSpecs) {
-  // A live panel brings its own spec (refreshed with it); otherwise the page's block has it.
-  const own = document.getElementById("chart-spec-" + key);
-  return own ? JSON.parse(own.textContent || "null") : pageSpecs[key];
+function specOf(el, pageSpecs) {
+  // A live panel brings its own spec (htmx drops <script> elements from what it swaps in);
+  // otherwise the page's block has it.
+  const own = el.getAttribute("data-chart-spec");
+  return own ? JSON.parse(own) : pageSpecs[el.getAttribute("data-chart")];
 }
 
 function drawIn(root) {
@@ -32,7 +33,7 @@ function drawIn(root) {
   const pageSpecs = dataNode ? JSON.parse(dataNode.textContent || "{}") || {} : {};
   applyDefaults(Chart);
   root.querySelectorAll("[data-chart]:not([data-drawn])").forEach((el) => {
-    const spec = specOf(el.getAttribute("data-chart"), pageSpecs);
+    const spec = specOf(el, pageSpecs);
     const render = spec && RENDERERS[spec.type];
     if (!render) {
       return;

@@ -4,6 +4,7 @@ are raised only where they fit the recipe."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -105,9 +106,7 @@ def test_the_training_page_polls_the_runs_and_a_running_runs_curves(
     assert "0.500" in client.get(live["runs"]).content.decode()
     _write_metrics(tmp_path, [{"step": 2, "loss": 0.5, "ppo/clip_fraction": 0.2}], append=True)
     curves = client.get(live["curves"]).content.decode()
-    spec = json.loads(
-        re.search(r'id="chart-spec-curves"[^>]*>(.*?)</script>', curves, re.S).group(1)
-    )
+    spec = json.loads(html.unescape(re.search(r'data-chart-spec="([^"]*)"', curves).group(1)))
     clip = next(c for c in spec["charts"] if c["metric"] == "clip_fraction")
     assert [p[0] for p in clip["points"]] == [1, 2]
 

@@ -9,11 +9,13 @@ on any page returns the numbers of one of its charts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from functools import cache
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -79,7 +81,7 @@ def _page(
     """Render the panels, one panel's CSV (``?format=csv&chart=<key>``) or one live panel.
 
     The panels named in ``live`` carry a URL (``?panel=<key>``) that htmx polls every
-    LIVE_SECONDS, answered with that panel alone (its chart spec inside it).
+    LIVE_SECONDS, answered with that panel alone (its chart spec in ``data-chart-spec``).
     """
     if request.GET.get("format") == "csv":
         builder = builders.get(request.GET.get("chart", ""))
@@ -108,7 +110,12 @@ def _page(
         panel = builders[key]() if key in builders and key in live else None
         if panel is None:
             raise Http404("No such live panel on this page.")
-        chart = spec_json(panel.chart) if panel.chart and panel.has_data else None
+        # The spec rides in an attribute: htmx drops <script> elements from what it swaps in.
+        chart = (
+            json.dumps(spec_json(panel.chart), cls=DjangoJSONEncoder)
+            if panel.chart and panel.has_data
+            else ""
+        )
         return render(
             request,
             "dashboard/_panel.html",
