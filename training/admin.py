@@ -21,7 +21,18 @@ class TrainingRunAdmin(admin.ModelAdmin):
         "finished_at",
     ]
     list_filter = ["recipe", "status", "project"]
+    # What a run trains on and with was checked by training_run_create; editing it here would
+    # run a config the policy never saw. Cancel and resume are the actions below.
     readonly_fields = [
+        "recipe",
+        "config",
+        "dataset_version",
+        "dataset_path",
+        "base_model",
+        "base_model_path",
+        "project",
+        "created_by",
+        "enqueued_at",
         "status",
         "progress",
         "current_metrics",

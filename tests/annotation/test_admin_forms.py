@@ -103,3 +103,14 @@ def test_membership_list_has_no_inline_status_switch(staff_client):
     add_member(project, make_user("listed-one"))
     page = staff_client.get(reverse("admin:annotation_membership_changelist")).content.decode()
     assert 'name="form-0-status"' not in page
+
+
+def test_a_runs_config_cannot_be_edited_in_the_admin(staff_client):
+    project = make_project()
+    run = TrainingRun.objects.create(recipe="dpo", project=project, config={"beta": 0.1})
+    url = reverse("admin:training_trainingrun_change", args=[run.pk])
+    page = staff_client.get(url).content.decode()
+    assert 'name="config"' not in page and 'name="base_model_path"' not in page
+    staff_client.post(url, {"recipe": "ppo", "config": '{"model_name_or_path": "/etc"}'})
+    run.refresh_from_db()
+    assert run.recipe == "dpo" and run.config == {"beta": 0.1}
