@@ -77,11 +77,10 @@ admin.site.unregister(Membership)
 
 @admin.register(Membership)
 class MembershipQCAdmin(AnnotationMembershipAdmin):
-    """Membership admin whose status switch pauses and resumes through the QC services.
+    """Pause and resume annotators through the QC services when the status switch flips."""
 
-    Resuming stores the ``resumed`` assessment from which the next QC check counts, and
-    pausing ends the live lease and flags the labels, as a QC pause does.
-    """
+    # Resuming stores the ``resumed`` assessment from which the next QC check counts, and
+    # pausing ends the live lease and flags the labels, as a QC pause does.
 
     form = MembershipStatusForm
 

@@ -78,11 +78,9 @@ def _page(
     template: str = "dashboard/panels.html",
     live: Iterable[str] = (),
 ) -> HttpResponse:
-    """Render the panels, one panel's CSV (``?format=csv&chart=<key>``) or one live panel.
-
-    The panels named in ``live`` carry a URL (``?panel=<key>``) that htmx polls every
-    LIVE_SECONDS, answered with that panel alone (its chart spec in ``data-chart-spec``).
-    """
+    """Render the panels, one panel's CSV (``?format=csv&chart=<key>``) or one live panel."""
+    # The panels named in ``live`` carry a URL (``?panel=<key>``) that htmx polls every
+    # LIVE_SECONDS, answered with that panel alone (its chart spec in ``data-chart-spec``).
     if request.GET.get("format") == "csv":
         builder = builders.get(request.GET.get("chart", ""))
         panel = builder() if builder else None
