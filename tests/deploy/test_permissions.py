@@ -257,6 +257,8 @@ KWARGS = {
     # An item of P another annotator labelled, and that annotator (QC and review pages).
     "item_id": lambda w, route, role: w.victim_item.pk,
     "user_id": lambda w, route, role: w.victim.pk,
+    # The console's training form of one recipe.
+    "recipe": lambda w, route, role: "dpo",
     # Django admin
     "object_id": _admin_object_id,
     "app_label": lambda w, route, role: "annotation",

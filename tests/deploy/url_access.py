@@ -142,6 +142,34 @@ ACCESS: dict[str, Rule] = {
     "dashboard:reward-models": Rule(get=RESEARCHER),
     "dashboard:training": Rule(get=RESEARCHER),
     "dashboard:run": Rule(get=RESEARCHER),
+    # --- researchers' console (pages; forms post as HTML forms) ---
+    # Anyone who runs or reviews a project sees the list (filtered to their projects).
+    "console:projects": Rule(get=ANY_RESEARCHER | {"reviewer"}),
+    # Creating projects is staff only, as in the API.
+    "console:project-new": Rule(get=STAFF, post=STAFF),
+    "console:project": Rule(get=RESEARCHER),
+    "console:project-live": Rule(get=RESEARCHER),
+    "console:project-archive": Rule(post=RESEARCHER),
+    "console:member-add": Rule(post=RESEARCHER),
+    "console:member-pause": Rule(post=RESEARCHER),
+    "console:member-resume": Rule(post=RESEARCHER),
+    "console:data": Rule(get=RESEARCHER),
+    "console:import": Rule(post=RESEARCHER),
+    "console:import-job": Rule(get=RESEARCHER),
+    "console:export": Rule(post=RESEARCHER),
+    "console:dataset": Rule(get=RESEARCHER),
+    "console:dataset-file": Rule(get=RESEARCHER),
+    "console:review": Rule(get=REVIEWER),
+    "console:review-refresh": Rule(post=REVIEWER),
+    "console:verdict": Rule(post=REVIEWER),
+    # The training pages: forms and live fragments for the project's researchers.
+    "console:training": Rule(get=RESEARCHER),
+    "console:training-runs": Rule(get=RESEARCHER),
+    "console:training-new": Rule(get=RESEARCHER, post=RESEARCHER),
+    "console:training-run": Rule(get=RESEARCHER),
+    "console:training-run-live": Rule(get=RESEARCHER),
+    "console:training-run-cancel": Rule(post=RESEARCHER),
+    "console:training-run-resume": Rule(post=RESEARCHER),
     # --- Django admin: staff only, except its login page ---
     # Staff may still get 403 where a model admin is read-only (no add/change permission).
     "admin:*": Rule(get=STAFF, post=STAFF, also_ok=frozenset({403})),
