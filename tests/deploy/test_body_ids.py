@@ -394,6 +394,65 @@ CASES = [
     Case("resume B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/resume/"),
     Case("B's model version", "GET", lambda w: f"/api/training/models/{w.b_model.pk}/"),
     Case("B's run on the dashboard", "GET", lambda w: f"/dashboard/runs/{w.b_run.pk}/"),
+    # The console names B's objects inside A's project URL.
+    Case(
+        "B's dataset in A's console",
+        "GET",
+        lambda w: f"/console/projects/{w.a.pk}/datasets/{B_VERSION}/",
+    ),
+    Case(
+        "B's dataset file in A's console",
+        "GET",
+        lambda w: f"/console/projects/{w.a.pk}/datasets/{B_VERSION}/files/manifest.json",
+    ),
+    Case(
+        "B's import job in A's console",
+        "GET",
+        lambda w: f"/console/projects/{w.a.pk}/data/imports/{w.b_import_job.pk}/",
+    ),
+    Case(
+        "pause B's annotator from A's console",
+        "POST",
+        lambda w: f"/console/projects/{w.a.pk}/members/{w.b_annotator.pk}/pause/",
+        lambda w: {"reason": "too fast"},
+        encoding="form",
+    ),
+    Case(
+        "resume B's annotator from A's console",
+        "POST",
+        lambda w: f"/console/projects/{w.a.pk}/members/{w.b_annotator.pk}/resume/",
+        lambda w: {"reason": "fine"},
+        encoding="form",
+    ),
+    Case(
+        "verdict on B's item from A's console",
+        "POST",
+        lambda w: f"/console/projects/{w.a.pk}/review/items/{w.b_item.pk}/verdict/",
+        lambda w: {"choice": "A", "note": "A wins"},
+        encoding="form",
+    ),
+    Case(
+        "B's run in A's console",
+        "GET",
+        lambda w: f"/console/projects/{w.a.pk}/training/runs/{w.b_run.pk}/",
+    ),
+    Case(
+        "B's run progress in A's console",
+        "GET",
+        lambda w: f"/console/projects/{w.a.pk}/training/runs/{w.b_run.pk}/live/",
+    ),
+    Case(
+        "cancel B's run from A's console",
+        "POST",
+        lambda w: f"/console/projects/{w.a.pk}/training/runs/{w.b_run.pk}/cancel/",
+        encoding="form",
+    ),
+    Case(
+        "resume B's run from A's console",
+        "POST",
+        lambda w: f"/console/projects/{w.a.pk}/training/runs/{w.b_run.pk}/resume/",
+        encoding="form",
+    ),
 ]
 
 
