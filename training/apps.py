@@ -6,8 +6,14 @@ class TrainingConfig(AppConfig):
     name = "training"
 
     def ready(self) -> None:
-        """Let simulated annotators score demo prompts with the demo domain's true reward."""
+        """Give simulated annotators the demo's true reward; check the generation settings."""
         from annotation import hooks
         from training import demo
 
         hooks.on_score_answer(demo.true_reward)
+
+        from django.core import checks
+
+        from training.generation.endpoints import generation_settings_check
+
+        checks.register(generation_settings_check)

@@ -277,3 +277,21 @@ def test_a_missing_key_variable_is_named_before_any_request(settings, monkeypatc
         candidates_generate(
             model_version=version, prompts=["a"], k=1, settings=GenerationSettings()
         )
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "problem"),
+    [
+        ({"x": {"base_url": "file:///etc", "models": ["m"]}}, r"base_url must be an http\(s\) URL"),
+        ({"x": {"base_url": "http://h", "models": []}}, "models must be a non-empty list"),
+        ({"x": {"base_url": "http://h", "models": ["m"], "api_key": "sk-1"}}, "unknown key"),
+        ({"x": {"base_url": "http://h", "models": ["m"], "concurrency": 0}}, "concurrency >= 1"),
+    ],
+)
+def test_malformed_endpoint_settings_fail_the_system_check(settings, endpoints, problem):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.PREFLOOP_GENERATION_ENDPOINTS = endpoints
+    with pytest.raises(SystemCheckError, match=problem):
+        call_command("check")

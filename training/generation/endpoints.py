@@ -194,3 +194,22 @@ def candidates_generate(
     return backend.generate(
         prompts, k=k, settings=settings, model_name=model_version.name, progress=progress
     )
+
+
+def generation_settings_check(app_configs=None, **kwargs) -> list:
+    """Report malformed generation settings when the server starts, not at the first round."""
+    from django.core.checks import Error
+
+    problems = []
+    try:
+        generation_endpoints()
+    except ImproperlyConfigured as exc:
+        problems.append(Error(str(exc), id="training.E001"))
+    if settings.PREFLOOP_GENERATION_LOCAL_BACKEND not in LOCAL_BACKENDS:
+        problems.append(
+            Error(
+                f"PREFLOOP_GENERATION_LOCAL_BACKEND must be one of {', '.join(LOCAL_BACKENDS)}.",
+                id="training.E002",
+            )
+        )
+    return problems
