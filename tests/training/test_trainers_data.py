@@ -21,6 +21,7 @@ def test_preference_rows_get_defaults_for_missing_margin_and_soft_label(make_sna
     rows[1]["soft_label"] = 0.8
     rows[2]["group_id"] = 7
     rows[3]["annotator_note"] = "ignored"
+    rows[3]["tie"] = True
     splits = load_preferences(make_snapshot(train=rows))
     train = splits.train
     assert train.column_names == [
@@ -30,7 +31,9 @@ def test_preference_rows_get_defaults_for_missing_margin_and_soft_label(make_sna
         "margin",
         "soft_label",
         "group_id",
+        "tie",
     ]
+    assert train["tie"] == [False, False, False, True]
     assert train["margin"] == [2.0, 0.0, 0.0, 0.0]
     assert train["soft_label"] == [1.0, 0.8, 1.0, 1.0]
     assert train["group_id"] == [None, None, "7", None]

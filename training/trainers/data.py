@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 SPLITS = ("train", "validation", "test")
-PREFERENCE_KEYS = ("prompt", "chosen", "rejected", "margin", "soft_label", "group_id")
+PREFERENCE_KEYS = ("prompt", "chosen", "rejected", "margin", "soft_label", "group_id", "tie")
 MANIFEST = "manifest.json"
 
 
@@ -183,6 +183,10 @@ def _preference_row(row: dict, where: str) -> dict:
         out["chosen"], out["rejected"] = out["rejected"], out["chosen"]
         out["soft_label"] = 1.0 - out["soft_label"]
     out["group_id"] = None if row.get("group_id") is None else str(row["group_id"])
+    tie = row.get("tie", False)
+    if not isinstance(tie, bool):
+        raise DatasetError(f"{where}: tie must be true or false")
+    out["tie"] = tie
     return out
 
 
@@ -203,10 +207,10 @@ def _to_dataset(rows: list[dict]):
 
 
 def load_preferences(dataset_dir: str | Path) -> Splits:
-    """Load a preference snapshot as prompt/chosen/rejected/margin/soft_label/group_id rows.
+    """Load a preference snapshot as prompt/chosen/rejected/margin/soft_label/group_id/tie rows.
 
-    ``margin`` defaults to 0 and ``soft_label`` to 1. Rows whose soft_label is below 1/2 are
-    turned round so that ``chosen`` is the answer more likely preferred.
+    ``margin`` defaults to 0, ``soft_label`` to 1 and ``tie`` to false. Rows whose soft_label
+    is below 1/2 are turned round so that ``chosen`` is the answer more likely preferred.
     """
     dataset_dir = _check_snapshot(dataset_dir)
     loaded = {}

@@ -25,6 +25,7 @@ from training.trainers.run_log import RunLogger
 RECIPE = "reward"
 PREPROCESSING_FILE = "prefloop_reward.json"
 OVERLONG_CHOICES = ("truncate_left", "drop")
+TIES_CHOICES = ("soft", "drop")
 
 
 @dataclass
@@ -42,12 +43,40 @@ class Config(BaseRecipeConfig):
     use_margin: bool = field(
         default=False,
         metadata={
-            "help": "Subtract each pair's 'margin' (from annotation strength) inside the "
-            "Bradley-Terry loss, as in Llama 2 (Touvron et al. 2023, Eq. 2)."
+            "help": "Margin from strength: subtract each pair's 'margin' (from annotation "
+            "strength) inside the loss, as in Llama 2 (Touvron et al. 2023, Eq. 2): "
+            "-log s(d - m)."
         },
     )
     margin_scale: float = field(
         default=1.0, metadata={"help": "Factor applied to the data's margins when use_margin."}
+    )
+    soft_labels: bool = field(
+        default=True,
+        metadata={
+            "help": "Train on each pair's soft_label q = P(chosen preferred) with the binary "
+            "cross-entropy -(q log s(d) + (1-q) log s(-d)), d = r_chosen - r_rejected; "
+            "false treats every kept pair as a sure win (q = 1, plain Bradley-Terry)."
+        },
+    )
+    ties: str = field(
+        default="soft",
+        metadata={
+            "help": "Rows the export marks as ties: 'soft' trains them with q = 1/2 (their "
+            "rewards are pulled together); 'drop' leaves them out.",
+            "choices": TIES_CHOICES,
+        },
+    )
+    tie_weight: float = field(
+        default=1.0,
+        metadata={"help": "Weight of a tie row in the loss relative to a decided pair."},
+    )
+    per_prompt_weighting: bool = field(
+        default=False,
+        metadata={
+            "help": "Weight each pair by 1 / (pairs of its prompt), normalised to mean 1, so "
+            "a prompt ranked over many answers counts once (Ouyang et al. 2022, §C.2)."
+        },
     )
     center_rewards_coefficient: float | None = field(
         default=None,
@@ -81,6 +110,10 @@ class Config(BaseRecipeConfig):
             raise ConfigError(f"overlong must be one of {OVERLONG_CHOICES}, got {self.overlong!r}")
         if self.max_length is not None and self.max_length < 8:
             raise ConfigError("max_length must be at least 8 tokens")
+        if self.ties not in TIES_CHOICES:
+            raise ConfigError(f"ties must be one of {TIES_CHOICES}, got {self.ties!r}")
+        if not self.tie_weight >= 0:
+            raise ConfigError("tie_weight must be a number >= 0")
 
 
 def load_tokenizer(name_or_path: str, eos_token: str | None = None):
@@ -168,22 +201,80 @@ class Preprocessing:
         )
 
 
+def preference_loss(
+    chosen,
+    rejected,
+    *,
+    soft_label=None,
+    margin=None,
+    weight=None,
+):
+    """Return the mean (weighted) soft-target Bradley-Terry loss of a batch of reward pairs.
+
+    With d = r_chosen - r_rejected, q = P(chosen preferred) and margin m the loss of a pair is
+    -(q log s(d - m) + (1 - q) log s(-d - m)): binary cross-entropy on the Bradley-Terry
+    probability (Bradley & Terry 1952; soft targets as in Ouyang et al. 2022, §C.2 with
+    ties at q = 1/2), and for q = 1 Llama 2's margin loss -log s(d - m) (Touvron et al. 2023,
+    Eq. 2). The margin is asked of whichever side q favours, so a tie (m = 0) is unaffected.
+    ``weight`` multiplies each pair's loss; weights are expected to average 1 over the data.
+    """
+    import torch.nn.functional as F
+
+    difference = chosen - rejected
+    shift = 0.0 if margin is None else margin
+    per_pair = -F.logsigmoid(difference - shift)
+    if soft_label is not None:
+        per_pair = soft_label * per_pair - (1.0 - soft_label) * F.logsigmoid(-difference - shift)
+    if weight is not None:
+        per_pair = per_pair * weight
+    return per_pair.mean()
+
+
+def prompt_weights(prompts: list[Any]) -> list[float]:
+    """Return 1 / (pairs of the row's prompt) per row, scaled so the weights average 1."""
+    keys = [json.dumps(prompt, sort_keys=True) for prompt in prompts]
+    counts: dict[str, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    raw = [1.0 / counts[key] for key in keys]
+    scale = len(raw) / sum(raw) if raw else 1.0
+    return [value * scale for value in raw]
+
+
 def tokenize_pairs(
-    dataset, tokenizer, prep: Preprocessing, *, use_margin: bool, margin_scale: float
+    dataset,
+    tokenizer,
+    prep: Preprocessing,
+    *,
+    use_margin: bool,
+    margin_scale: float,
+    soft_labels: bool = True,
+    ties: str = "soft",
+    tie_weight: float = 1.0,
+    per_prompt_weighting: bool = False,
 ):
     """Turn preference rows into TRL's pre-tokenized ``chosen_ids``/``rejected_ids`` columns.
 
-    Returns ``(dataset, counts)``; counts has the pairs kept, truncated and dropped.
+    Each row also carries ``soft_label`` (q: the data's, 1 when ``soft_labels`` is off, 1/2
+    for a tie) and ``weight`` (tie weight times the per-prompt weight). Returns
+    ``(dataset, counts)``; counts has the pairs kept, truncated and dropped.
     """
     counts = {
         "pairs_in": len(dataset),
         "truncated": 0,
         "dropped_overlong": 0,
         "dropped_identical": 0,
+        "dropped_ties": 0,
+        "ties": 0,
     }
     rows = []
+    prompts = []
     for row in dataset:
         prompt = row.get("prompt")
+        tie = bool(row.get("tie"))
+        if tie and ties == "drop":
+            counts["dropped_ties"] += 1
+            continue
         raw_chosen = sequence_ids(tokenizer, prompt, row["chosen"])
         raw_rejected = sequence_ids(tokenizer, prompt, row["rejected"])
         chosen = prep.ids(tokenizer, prompt, row["chosen"])
@@ -202,21 +293,136 @@ def tokenize_pairs(
             "length": max(len(chosen), len(rejected)),
         }
         if use_margin:
-            item["margin"] = float(row["margin"]) * margin_scale
+            item["margin"] = 0.0 if tie else float(row["margin"]) * margin_scale
+        if tie:
+            counts["ties"] += 1
+            item["soft_label"] = 0.5
+        else:
+            item["soft_label"] = float(row.get("soft_label", 1.0)) if soft_labels else 1.0
+        item["weight"] = tie_weight if tie else 1.0
         rows.append(item)
+        prompts.append(prompt)
+    if per_prompt_weighting:
+        for item, share in zip(rows, prompt_weights(prompts), strict=True):
+            item["weight"] *= share
     counts["pairs_kept"] = len(rows)
     from datasets import Dataset
 
     return Dataset.from_list(rows), counts
 
 
+def collate_pairs(pad_token_id: int):
+    """Return TRL's preference collator extended with the ``soft_label`` and ``weight`` columns."""
+    import torch
+    from trl.trainer.reward_trainer import DataCollatorForPreference
+
+    base = DataCollatorForPreference(pad_token_id=pad_token_id)
+
+    def collate(examples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = base(examples)
+        for key in ("soft_label", "weight"):
+            batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float)
+        return batch
+
+    return collate
+
+
+def soft_reward_trainer_class():
+    """Return TRL's RewardTrainer with its loss replaced by ``preference_loss``."""
+    import torch
+    from trl import RewardTrainer
+
+    class SoftRewardTrainer(RewardTrainer):
+        """RewardTrainer whose loss reads soft labels, margins and pair weights."""
+
+        def _set_signature_columns_if_needed(self):
+            if self._signature_columns is None:
+                self._signature_columns = [
+                    "chosen_ids",
+                    "rejected_ids",
+                    "margin",
+                    "soft_label",
+                    "weight",
+                ]
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            mode = "train" if self.model.training else "eval"
+            margin = inputs.pop("margin", None)
+            soft_label = inputs.pop("soft_label")
+            weight = inputs.pop("weight")
+            inputs["use_cache"] = False
+            outputs = model(**inputs)
+            rewards_chosen, rewards_rejected = torch.chunk(outputs.logits.squeeze(-1), chunks=2)
+            loss = preference_loss(
+                rewards_chosen,
+                rewards_rejected,
+                soft_label=soft_label,
+                margin=margin,
+                weight=weight,
+            )
+            if self.args.center_rewards_coefficient is not None:
+                # Eisenstein et al. 2023, Eq. 2: keep rewards near zero.
+                loss += self.args.center_rewards_coefficient * torch.mean(
+                    (rewards_chosen + rewards_rejected) ** 2
+                )
+            if mode == "train":
+                tokens = self.accelerator.gather_for_metrics(inputs["attention_mask"].sum())
+                self._total_train_tokens += tokens.sum().item() // self._tp_size
+            self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+            with torch.no_grad():
+                all_rewards = self.accelerator.gather(outputs.logits)
+                self._metrics[mode]["min_reward"].append(all_rewards.min().item())
+                self._metrics[mode]["mean_reward"].append(all_rewards.mean().item())
+                self._metrics[mode]["max_reward"].append(all_rewards.max().item())
+                accuracy = (rewards_chosen > rewards_rejected).float().mean()
+                accuracy = self.accelerator.gather_for_metrics(accuracy).mean().item()
+                self._metrics[mode]["accuracy"].append(accuracy)
+                mean_margin = (rewards_chosen - rewards_rejected).mean()
+                mean_margin = self.accelerator.gather_for_metrics(mean_margin).mean()
+                self._metrics[mode]["margin"].append(mean_margin.item())
+            return (loss, outputs) if return_outputs else loss
+
+    return SoftRewardTrainer
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How raw rewards become calibrated ones: divide by a temperature, then shift and scale.
+
+    The temperature is fitted on held-out pairs (Guo et al. 2017, temperature scaling), so
+    s((r_a - r_b) / T) is a calibrated P(a preferred); ``shift``/``scale`` are the mean and
+    std of the temperature-scaled rewards of the reference policy's answers, frozen so the
+    reward reads as standard deviations from the reference (Ziegler et al. 2019, §2.2).
+    """
+
+    temperature: float = 1.0
+    shift: float = 0.0
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature > 0 and self.scale > 0):
+            raise ConfigError("temperature and scale of a calibration must be positive")
+
+    def apply(self, scores: list[float]) -> list[float]:
+        """Return the calibrated value of each raw reward."""
+        return [(score / self.temperature - self.shift) / self.scale for score in scores]
+
+
 class RewardScorer:
     """Score prompt/completion pairs with a saved reward model, preprocessing as in training.
 
     Callable as a TRL reward function: ``scorer(prompts=..., completions=...) -> list[float]``.
+    With a ``calibration`` every score is divided by its temperature and normalised.
     """
 
-    def __init__(self, model_dir: str | Path, *, batch_size: int = 16, device: str | None = None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        batch_size: int = 16,
+        device: str | None = None,
+        calibration: Calibration | None = None,
+    ):
         import torch
         from transformers import AutoModelForSequenceClassification
 
@@ -233,6 +439,7 @@ class RewardScorer:
         self.model.eval()
         self.batch_size = batch_size
         self.device = device
+        self.calibration = calibration
         self.__name__ = f"reward_model:{self.model_dir.name}"
 
     def _device(self):
@@ -259,7 +466,7 @@ class RewardScorer:
                     input_ids=input_ids.to(device), attention_mask=mask.to(device)
                 ).logits
             scores.extend(logits[:, 0].float().cpu().tolist())
-        return scores
+        return scores if self.calibration is None else self.calibration.apply(scores)
 
     def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
         """Return the reward of each (prompt, completion)."""
@@ -300,7 +507,7 @@ def train(
 ) -> dict[str, Any]:
     """Train a reward model on a preference snapshot; return the final metrics."""
     dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
-    from trl import RewardConfig, RewardTrainer
+    from trl import RewardConfig
 
     from training.trainers.model_paths import resolve_model_path
 
@@ -321,6 +528,10 @@ def train(
             prep,
             use_margin=config.use_margin,
             margin_scale=config.margin_scale,
+            soft_labels=config.soft_labels,
+            ties=config.ties,
+            tie_weight=config.tie_weight,
+            per_prompt_weighting=config.per_prompt_weighting and name == "train",
         )
         logger.event("preprocess", split=name, **counts[name])
         logger.info(f"{name} pairs: {counts[name]}")
@@ -340,9 +551,10 @@ def train(
         eos_token=tokenizer.eos_token,
         disable_dropout=True,
     )
-    trainer = RewardTrainer(
+    trainer = soft_reward_trainer_class()(
         model=model_path,
         args=args,
+        data_collator=collate_pairs(tokenizer.pad_token_id),
         train_dataset=prepared["train"],
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
