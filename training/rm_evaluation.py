@@ -233,6 +233,7 @@ def rm_report(
             "p95": float(np.quantile(margins, 0.95)),
         },
         "length_correlation": full.get("length_correlation"),
+        "length_buckets": length_bucket_accuracy(chosen, rejected, pairs),
         "reward_scale": {"mean": float(rewards.mean()), "std": float(rewards.std())},
     }
     report["temperature"] = temperature_report(
@@ -247,6 +248,36 @@ def rm_report(
         for row in bins:  # 0.30000000000000004 -> 0.3
             row["lower"], row["upper"] = round(row["lower"], 10), round(row["upper"], 10)
     return report
+
+
+def length_bucket_accuracy(
+    chosen: np.ndarray, rejected: np.ndarray, pairs: list[dict], *, n_buckets: int = 4
+) -> list[dict[str, Any]]:
+    """Return pairwise accuracy per quantile bucket of the pair's mean answer length (chars).
+
+    A reward model that only learned "longer is better" is right on some buckets and wrong
+    on others; one accuracy over all pairs hides it (Singhal et al. 2023, §3).
+    """
+    lengths = np.array([(len(p["chosen"]) + len(p["rejected"])) / 2 for p in pairs], dtype=float)
+    edges = np.quantile(lengths, np.linspace(0, 1, n_buckets + 1))
+    which = np.clip(np.searchsorted(edges, lengths, side="right") - 1, 0, n_buckets - 1)
+    wins = np.where(chosen > rejected, 1.0, np.where(chosen == rejected, 0.5, 0.0))
+    longer_chosen = np.array([len(p["chosen"]) > len(p["rejected"]) for p in pairs])
+    buckets = []
+    for index in range(n_buckets):
+        mask = which == index
+        if not mask.any():
+            continue
+        buckets.append(
+            {
+                "lower": float(edges[index]),
+                "upper": float(edges[index + 1]),
+                "n_pairs": int(mask.sum()),
+                "accuracy": float(wins[mask].mean()),
+                "longer_chosen_share": float(longer_chosen[mask].mean()),
+            }
+        )
+    return buckets
 
 
 def temperature_report(
@@ -300,7 +331,73 @@ def reward_model_evaluate(
 
 
 def reward_model_evaluation_save(*, version, report: dict[str, Any]) -> None:
-    """Store ``report`` as the model version's ``eval_results["rm_metrics"]``, keeping the rest."""
+    """Store ``report`` as the model version's ``eval_results["rm_metrics"]``, keeping the rest.
+
+    The temperature fitted on the held-out half goes to ``eval_results["calibration"]``, where
+    the scorer reads it; a normalisation already frozen keeps the temperature it was measured at.
+    """
     version.refresh_from_db(fields=["eval_results"])
-    version.eval_results = {**version.eval_results, "rm_metrics": report}
+    results = {**version.eval_results, "rm_metrics": report}
+    temperature = (report.get("temperature") or {}).get("value")
+    if temperature is not None:
+        results["calibration"] = {
+            **(results.get("calibration") or {}),
+            "temperature": temperature,
+            "temperature_fitted_on": report["temperature"]["fitted_on"],
+        }
+    version.eval_results = results
     version.save(update_fields=["eval_results"])
+
+
+def reward_model_normalisation_freeze(
+    *, version, policy_version, limit: int = 2000
+) -> dict[str, Any]:
+    """Measure mean and std of the reward of a reference policy's answers; freeze them.
+
+    Scores are taken at the stored temperature; the result is written once into
+    ``eval_results["calibration"]["normalisation"]`` and an existing one is never replaced.
+    """
+    from annotation.errors import Conflict
+    from annotation.models import Candidate
+    from training.loop import reward_model_trained_on_chat
+    from training.scoring import reward_calibration, reward_scores
+
+    version.refresh_from_db(fields=["eval_results"])
+    stored = version.eval_results.get("calibration") or {}
+    if stored.get("normalisation"):
+        raise Conflict("this reward model's normalisation is already frozen")
+    temperature = float(stored.get("temperature") or 1.0)
+    candidates = list(
+        Candidate.objects.filter(policy_version=policy_version)
+        .select_related("prompt")
+        .order_by("pk")[:limit]
+    )
+    if len(candidates) < 2:
+        raise Conflict(f"the reference policy has {len(candidates)} answer(s); 2 or more needed")
+    chat = reward_model_trained_on_chat(version)
+    calibration = reward_calibration({"calibration": {"temperature": temperature}})
+    scores = []
+    for candidate in candidates:
+        prompt = candidate.prompt.messages or candidate.prompt.text
+        if chat and isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        scores.extend(
+            reward_scores(version.artifact_path, prompt, [candidate.text], calibration=calibration)
+        )
+    values = np.asarray(scores, dtype=float)
+    std = float(values.std())
+    if not std > 0:
+        raise Conflict("the reference policy's answers all get the same reward")
+    normalisation = {
+        "mean": float(values.mean()),
+        "std": std,
+        "temperature": temperature,
+        "n_answers": len(candidates),
+        "policy_version_id": policy_version.pk,
+    }
+    version.eval_results = {
+        **version.eval_results,
+        "calibration": {**stored, "normalisation": normalisation},
+    }
+    version.save(update_fields=["eval_results"])
+    return normalisation

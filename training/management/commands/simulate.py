@@ -110,6 +110,7 @@ class Command(BaseCommand):
         """Load each reward model once; return {annotator username: judge}."""
         from training.loop import reward_model_trained_on_chat
         from training.models import ModelVersion
+        from training.scoring import reward_calibration
 
         judges = {}
         for version_id in version_ids:
@@ -130,17 +131,18 @@ class Command(BaseCommand):
                     _scores,
                     path=version.artifact_path,
                     chat=reward_model_trained_on_chat(version),
+                    calibration=reward_calibration(version.eval_results),
                 ),
                 tie_margin=tie_margin,
             )
         return judges
 
 
-def _scores(prompt, answers: list[str], *, path: str, chat: bool) -> list[float]:
+def _scores(prompt, answers: list[str], *, path: str, chat: bool, calibration) -> list[float]:
     """Score answers as the model was trained: a text prompt is one user turn for a model
-    trained on conversations (the loop's exports are)."""
+    trained on conversations (the loop's exports are); the frozen calibration is applied."""
     from training.scoring import reward_scores
 
     if chat and isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
-    return reward_scores(path, prompt, answers)
+    return reward_scores(path, prompt, answers, calibration=calibration)
