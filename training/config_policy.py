@@ -96,6 +96,9 @@ TRL_ARGS_ALLOWED: dict[str, frozenset[str]] = {
     "ppo": frozenset(),  # PPO has its own trainer: every knob is a config field
 }
 
+# Ready `accelerate launch` configs a run names by file stem (never by path).
+ACCELERATE_CONFIG_DIR = Path(__file__).resolve().parent / "accelerate"
+
 SERVER_PATH = "<server path>"
 # An absolute POSIX path inside free text (a log line, an exception message).
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~/-])/[^\s'\"`,;:()\[\]{}<>|=]+")
@@ -134,6 +137,22 @@ def reward_function_resolve(*, name: Any, field: str = "config.reward_function")
             "(the deployment lists them in PREFLOOP_REWARD_FUNCTIONS).",
         )
     return registry[name]
+
+
+# --------------------------------------------------------------------------- accelerate configs
+
+
+def accelerate_config_names() -> list[str]:
+    """Return the names of the accelerate configs shipped in training/accelerate/."""
+    return sorted(path.stem for path in ACCELERATE_CONFIG_DIR.glob("*.yaml"))
+
+
+def accelerate_config_path(*, name: Any, field: str = "config.accelerate_config") -> Path:
+    """Return the file of the accelerate config named ``name``; refuse any other value."""
+    names = accelerate_config_names()
+    if not isinstance(name, str) or name not in names:
+        raise _refuse(field, f"not a known accelerate config; choose one of: {', '.join(names)}.")
+    return ACCELERATE_CONFIG_DIR / f"{name}.yaml"
 
 
 # --------------------------------------------------------------------------- paths
@@ -280,6 +299,8 @@ def training_config_resolve(
         _check_trl_args(recipe, config["trl_args"])
     if config.get("reward_function"):
         reward_function_resolve(name=config["reward_function"])
+    if "accelerate_config" in config:
+        accelerate_config_path(name=config["accelerate_config"])
 
     trusted = _is_trusted(user)
     for path_field in PATH_FIELDS:
@@ -323,6 +344,8 @@ def _run_checkpoint(user, project, run_id: Any, field: str) -> str:
 def training_config_for_cli(*, config: dict[str, Any]) -> dict[str, Any]:
     """Return the config the training CLI reads: the reward function's registered import path."""
     config = dict(config)
+    # The launcher's setting, not the CLI's (the supervisor passes it to accelerate launch).
+    config.pop("accelerate_config", None)
     if config.get("reward_function"):
         config["reward_function"] = reward_function_resolve(name=config["reward_function"])
     return config

@@ -154,16 +154,34 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
 
 
 def training_command(
-    *, recipe: str, config_path: Path, data_dir: str, output_dir: str, resume: bool
+    *,
+    recipe: str,
+    config_path: Path,
+    data_dir: str,
+    output_dir: str,
+    resume: bool,
+    accelerate_config: Path | None = None,
 ) -> list[str]:
     """Return the command line of the training CLI under the configured launcher.
 
     TRAINING_LAUNCHER: "python" (default) runs ``python -m training.trainers.cli``;
     "accelerate" runs ``accelerate launch [TRAINING_ACCELERATE_ARGS] -m ...``; a list is
-    used as the prefix before ``-m training.trainers.cli``.
+    used as the prefix before ``-m training.trainers.cli``. A run that names one of the
+    shipped accelerate configs (resolved by ``config_policy``) is always launched with
+    ``accelerate launch --config_file <it> [TRAINING_ACCELERATE_ARGS]``, so the deployment's
+    flags (``--num_processes 8``) still override the file.
     """
     launcher = settings.TRAINING_LAUNCHER or "python"
-    if isinstance(launcher, list | tuple):
+    if accelerate_config is not None:
+        prefix = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(accelerate_config),
+            *settings.TRAINING_ACCELERATE_ARGS,
+        ]
+    elif isinstance(launcher, list | tuple):
         prefix = [*launcher]
     elif launcher == "accelerate":
         prefix = [
@@ -216,7 +234,14 @@ def output_dir_prepare(path: Path) -> None:
         )
 
 
-def child_env() -> dict[str, str]:
+def accelerate_config_uses_cpu(path: Path) -> bool:
+    """Return whether an accelerate config file asks for CPU processes (``use_cpu: true``)."""
+    import yaml
+
+    return bool((yaml.safe_load(path.read_text()) or {}).get("use_cpu"))
+
+
+def child_env(*, accelerate_config: Path | None = None) -> dict[str, str]:
     """Return the training process's environment: what torch and the launcher need, no secrets.
 
     The process reads and writes files only; the database URL, secret key, broker URL and
@@ -240,6 +265,10 @@ def child_env() -> dict[str, str]:
         )
     }
     env["PYTHONUNBUFFERED"] = "1"
+    if accelerate_config is not None and accelerate_config_uses_cpu(accelerate_config):
+        # accelerate's torchrun launcher does not pass use_cpu on to the processes; without
+        # this flag each one finds no GPU and trains alone instead of joining the gloo group.
+        env["ACCELERATE_USE_CPU"] = "true"
     base = str(settings.BASE_DIR)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (base, env.get("PYTHONPATH", "")) if p)
     return env
@@ -255,7 +284,9 @@ def terminate(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def process_start(*, command: list[str], log) -> subprocess.Popen:
+def process_start(
+    *, command: list[str], log, accelerate_config: Path | None = None
+) -> subprocess.Popen:
     """Start the training CLI in its own process group, writing to ``log``; raise OSError."""
     return subprocess.Popen(
         command,
@@ -263,7 +294,7 @@ def process_start(*, command: list[str], log) -> subprocess.Popen:
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=str(settings.BASE_DIR),
-        env=child_env(),
+        env=child_env(accelerate_config=accelerate_config),
         start_new_session=True,  # its own process group: cancel kills all of it
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )

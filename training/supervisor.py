@@ -189,6 +189,10 @@ def _launch(claim: Claim, files: RunFiles) -> subprocess.Popen:
     run, output_dir = claim.run, files.output_dir
     try:
         cli_config = config_policy.training_config_for_cli(config=run.config)
+        accelerate_name = run.config.get("accelerate_config")
+        accelerate_config = (
+            config_policy.accelerate_config_path(name=accelerate_name) if accelerate_name else None
+        )
     except InvalidTrainingConfig as exc:  # the deployment unregistered its reward function
         raise _LaunchFailed(exc.message) from exc
     try:
@@ -200,6 +204,7 @@ def _launch(claim: Claim, files: RunFiles) -> subprocess.Popen:
             data_dir=training_run_data_dir(run=run),
             output_dir=str(output_dir),
             resume=claim.resume_from is not None,
+            accelerate_config=accelerate_config,
         )
         log = (output_dir / LOG_FILE).open("ab")
     except OSError as exc:
@@ -218,7 +223,9 @@ def _launch(claim: Claim, files: RunFiles) -> subprocess.Popen:
         log.write(header.encode())
         log.flush()
         try:
-            return processes.process_start(command=command, log=log)
+            return processes.process_start(
+                command=command, log=log, accelerate_config=accelerate_config
+            )
         except OSError as exc:
             raise _LaunchFailed(
                 f"Could not start the training process ({command[0]}): {exc}"
