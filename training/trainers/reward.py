@@ -26,6 +26,9 @@ RECIPE = "reward"
 PREPROCESSING_FILE = "prefloop_reward.json"
 OVERLONG_CHOICES = ("truncate_left", "drop")
 TIES_CHOICES = ("soft", "drop")
+ENSEMBLE_FILE = "prefloop_ensemble.json"
+MEMBERS_DIR = "members"
+MAX_ENSEMBLE = 8
 
 
 @dataclass
@@ -78,6 +81,14 @@ class Config(BaseRecipeConfig):
             "a prompt ranked over many answers counts once (Ouyang et al. 2022, §C.2)."
         },
     )
+    ensemble_size: int = field(
+        default=1,
+        metadata={
+            "help": "Members of a seed ensemble (seeds seed, seed+1, ...; Coste et al. 2024): "
+            "the scorer returns their mean reward and their std as the uncertainty, and the "
+            "mean std on the validation split is saved in prefloop_ensemble.json."
+        },
+    )
     center_rewards_coefficient: float | None = field(
         default=None,
         metadata={
@@ -114,6 +125,8 @@ class Config(BaseRecipeConfig):
             raise ConfigError(f"ties must be one of {TIES_CHOICES}, got {self.ties!r}")
         if not self.tie_weight >= 0:
             raise ConfigError("tie_weight must be a number >= 0")
+        if not 1 <= self.ensemble_size <= MAX_ENSEMBLE:
+            raise ConfigError(f"ensemble_size must be between 1 and {MAX_ENSEMBLE}")
 
 
 def load_tokenizer(name_or_path: str, eos_token: str | None = None):
@@ -437,6 +450,15 @@ class RewardScorer:
         )
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.eval()
+        self.members = [self.model]
+        members_dir = self.model_dir / MEMBERS_DIR
+        if members_dir.is_dir():
+            for member_dir in sorted(members_dir.iterdir(), key=lambda p: int(p.name)):
+                member = AutoModelForSequenceClassification.from_pretrained(
+                    str(member_dir), num_labels=1, dtype=torch.float32
+                )
+                member.config.pad_token_id = self.tokenizer.pad_token_id
+                self.members.append(member.eval())
         self.batch_size = batch_size
         self.device = device
         self.calibration = calibration
@@ -449,27 +471,58 @@ class RewardScorer:
             self.device = str(PartialState().device)
         return self.device
 
-    def score_ids(self, batch_ids: list[list[int]]) -> list[float]:
-        """Return the reward of each pre-tokenized sequence."""
+    def _member_scores(self, model, batch_ids: list[list[int]]) -> list[float]:
+        """Return one model's raw reward of each pre-tokenized sequence."""
         import torch
         from trl.trainer.utils import pad
 
         device = self._device()
-        self.model.to(device)
+        model.to(device)
         scores: list[float] = []
         for start in range(0, len(batch_ids), self.batch_size):
             chunk = [torch.tensor(ids) for ids in batch_ids[start : start + self.batch_size]]
             input_ids = pad(chunk, padding_value=self.tokenizer.pad_token_id, padding_side="right")
             mask = pad([torch.ones_like(t) for t in chunk], padding_value=0, padding_side="right")
             with torch.inference_mode():
-                logits = self.model(
+                logits = model(
                     input_ids=input_ids.to(device), attention_mask=mask.to(device)
                 ).logits
             scores.extend(logits[:, 0].float().cpu().tolist())
-        return scores if self.calibration is None else self.calibration.apply(scores)
+        return scores
+
+    def score_ids_with_spread(self, batch_ids: list[list[int]]) -> tuple[list[float], list[float]]:
+        """Return the (calibrated) mean reward over ensemble members and their std per sequence.
+
+        A single model has spread 0. The std is in the same units as the returned reward.
+        """
+        import numpy as np
+
+        per_member = []
+        for model in self.members:
+            raw = self._member_scores(model, batch_ids)
+            per_member.append(raw if self.calibration is None else self.calibration.apply(raw))
+        values = np.asarray(per_member, dtype=float)
+        return values.mean(axis=0).tolist(), values.std(axis=0).tolist()
+
+    def score_ids(self, batch_ids: list[list[int]]) -> list[float]:
+        """Return the reward of each pre-tokenized sequence (the ensemble mean, calibrated)."""
+        if len(self.members) == 1:
+            raw = self._member_scores(self.model, batch_ids)
+            return raw if self.calibration is None else self.calibration.apply(raw)
+        return self.score_ids_with_spread(batch_ids)[0]
 
     def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
         """Return the reward of each (prompt, completion)."""
+        return self.score_ids(self._ids(prompts, completions))
+
+    def score_with_spread(
+        self, prompts: list[Any], completions: list[Any]
+    ) -> tuple[list[float], list[float]]:
+        """Return the reward of each (prompt, completion) and the ensemble's std of it."""
+        return self.score_ids_with_spread(self._ids(prompts, completions))
+
+    def _ids(self, prompts: list[Any], completions: list[Any]) -> list[list[int]]:
+        """Return the input ids of each (prompt, completion), preprocessed as in training."""
         ids = []
         for prompt, completion in zip(prompts, completions, strict=True):
             seq = self.prep.ids(self.tokenizer, prompt, completion)
@@ -480,7 +533,7 @@ class RewardScorer:
                     self.prep.keep_first,
                 )
             ids.append(seq)
-        return self.score_ids(ids)
+        return ids
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         return self.score(prompts, completions)
@@ -507,8 +560,6 @@ def train(
 ) -> dict[str, Any]:
     """Train a reward model on a preference snapshot; return the final metrics."""
     dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
-    from trl import RewardConfig
-
     from training.trainers.model_paths import resolve_model_path
 
     model_path = resolve_model_path(config.model_name_or_path)
@@ -538,6 +589,75 @@ def train(
     if not len(prepared["train"]):
         raise ConfigError("no training pair is left after preprocessing (see overlong/max_length)")
 
+    trainer = _trainer(config, model_path, tokenizer, prepared, output_dir)
+    attach_logger(trainer, logger)
+    checkpoint = resume_checkpoint(output_dir, config.resume, logger)
+    metrics: dict[str, Any] = dict(trainer.train(resume_from_checkpoint=checkpoint).metrics)
+    metrics.update(final_evaluation(trainer, config, prepared))
+    for name, split_counts in counts.items():
+        metrics.update({f"{name}_{key}": value for key, value in split_counts.items()})
+    member_dirs = []
+    for index in range(1, config.ensemble_size):
+        member_dirs.append(
+            _train_member(config, index, model_path, tokenizer, prepared, output_dir, logger)
+        )
+    if member_dirs:
+        metrics["ensemble_size"] = config.ensemble_size
+    final_dir = finish_run(
+        RECIPE, trainer, config, dataset_dir, output_dir, logger, tokenizer, metrics
+    )
+    if trainer.accelerator.is_main_process:
+        prep.save(final_dir)
+        if member_dirs:
+            _save_ensemble(config, final_dir, member_dirs, tokenizer, prepared, metrics)
+    return metrics
+
+
+def _train_member(config, index, model_path, tokenizer, prepared, output_dir, logger) -> Path:
+    """Train ensemble member ``index`` (seed + index) and return its saved model folder."""
+    from dataclasses import replace
+
+    member_config = replace(config, seed=config.seed + index, resume=False)
+    member_out = output_dir / f"member-{index}"
+    trainer = _trainer(member_config, model_path, tokenizer, prepared, member_out)
+    logger.event("ensemble_member", member=index, seed=member_config.seed)
+    logger.info(f"training ensemble member {index} (seed {member_config.seed})")
+    trainer.train()
+    model_dir = member_out / "model"
+    if trainer.accelerator.is_main_process:
+        trainer.save_model(str(model_dir))
+    return model_dir
+
+
+def _save_ensemble(config, final_dir, member_dirs, tokenizer, prepared, metrics) -> None:
+    """Move the members under final/members/ and record their spread on the validation split."""
+    import shutil
+
+    members_dir = final_dir / MEMBERS_DIR
+    members_dir.mkdir(exist_ok=True)
+    for index, source in enumerate(member_dirs, start=1):
+        target = members_dir / str(index)
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(str(source), target)
+    record: dict[str, Any] = {
+        "size": config.ensemble_size,
+        "seeds": [config.seed + i for i in range(config.ensemble_size)],
+        "uncertainty": "std of the members' rewards of one answer",
+    }
+    validation = prepared.get("validation")
+    if validation is not None and len(validation):
+        scorer = RewardScorer(final_dir, device="cpu")
+        ids = list(validation["chosen_ids"]) + list(validation["rejected_ids"])
+        _, spread = scorer.score_ids_with_spread(ids)
+        record["validation_mean_std"] = sum(spread) / len(spread)
+        metrics["ensemble_validation_mean_std"] = record["validation_mean_std"]
+    (final_dir / ENSEMBLE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _trainer(config, model_path, tokenizer, prepared, output_dir):
+    """Build the soft-label reward trainer of one model on the prepared splits."""
+    from trl import RewardConfig
+
     eval_dataset = prepared.get("validation")
     args = make_trl_config(
         RewardConfig,
@@ -560,15 +680,4 @@ def train(
         processing_class=tokenizer,
         peft_config=lora_config(config, "SEQ_CLS"),
     )
-    attach_logger(trainer, logger)
-    checkpoint = resume_checkpoint(output_dir, config.resume, logger)
-    metrics: dict[str, Any] = dict(trainer.train(resume_from_checkpoint=checkpoint).metrics)
-    metrics.update(final_evaluation(trainer, config, prepared))
-    for name, split_counts in counts.items():
-        metrics.update({f"{name}_{key}": value for key, value in split_counts.items()})
-    final_dir = finish_run(
-        RECIPE, trainer, config, dataset_dir, output_dir, logger, tokenizer, metrics
-    )
-    if trainer.accelerator.is_main_process:
-        prep.save(final_dir)
-    return metrics
+    return trainer
