@@ -25,6 +25,7 @@ METRIC_KEYS = {
     "margin_histogram",
     "margin",
     "length_correlation",
+    "length_buckets",
     "reward_scale",
 }
 
