@@ -55,3 +55,35 @@ def test_soft_labels_keep_equally_liked_answers_together(tmp_path, tiny_reward_d
     # while q = 1/2 keeps their rewards close (the loss is smallest at a gap of 0).
     assert abs(gaps[True]) < 0.25
     assert abs(gaps[True]) < gaps[False] / 4
+
+
+def test_logged_accuracy_counts_decided_pairs_only(tmp_path, tiny_reward_dir, make_snapshot):
+    from tests.training.conftest import arithmetic_rows, last_logged
+    from training.trainers.data import load_preferences
+
+    # Given a validation split of 8 decided pairs and 8 ties (a tie has no right order),
+    # the export puts either answer of a tie first; here the refusal, which training ranks low.
+    ties = [
+        {**row, "chosen": row["rejected"], "rejected": row["chosen"], "tie": True}
+        for row in arithmetic_rows(8, seed=3)
+    ]
+    snapshot = make_snapshot(
+        train=arithmetic_rows(32, seed=1), validation=arithmetic_rows(8, seed=2) + ties
+    )
+    config = reward.Config(
+        model_name_or_path=str(tiny_reward_dir),
+        max_steps=2,
+        learning_rate=1e-3,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        logging_steps=2,
+        save_steps=100,
+    )
+    out = tmp_path / "run"
+    reward.train(config, snapshot, out)
+    # then the logged accuracy is the accuracy on the decided pairs alone.
+    decided = [r for r in load_preferences(snapshot).validation if not r["tie"]]
+    scorer = reward.RewardScorer(out / "final", device="cpu")
+    assert (
+        last_logged(out, "eval_accuracy") == reward.pairwise_accuracy(scorer, decided)["accuracy"]
+    )

@@ -387,9 +387,13 @@ def soft_reward_trainer_class():
                 self._metrics[mode]["min_reward"].append(all_rewards.min().item())
                 self._metrics[mode]["mean_reward"].append(all_rewards.mean().item())
                 self._metrics[mode]["max_reward"].append(all_rewards.max().item())
-                accuracy = (rewards_chosen > rewards_rejected).float().mean()
-                accuracy = self.accelerator.gather_for_metrics(accuracy).mean().item()
-                self._metrics[mode]["accuracy"].append(accuracy)
+                # Accuracy over decided pairs only: a tie (q = 1/2) has no right order.
+                decided = soft_label != 0.5
+                wins = (rewards_chosen > rewards_rejected).float()
+                accuracy = wins[decided].mean() if decided.any() else wins.sum() * float("nan")
+                accuracy = self.accelerator.gather_for_metrics(accuracy).nanmean().item()
+                if accuracy == accuracy:  # not NaN: some process had a decided pair
+                    self._metrics[mode]["accuracy"].append(accuracy)
                 mean_margin = (rewards_chosen - rewards_rejected).mean()
                 mean_margin = self.accelerator.gather_for_metrics(mean_margin).mean()
                 self._metrics[mode]["margin"].append(mean_margin.item())
