@@ -9,17 +9,23 @@ the same seeded order, so the first logged losses must agree to float rounding.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
+from kombu import Connection
 
+from tests.celery_worker import Worker
 from tests.training import test_runs_support as support
 from tests.training.conftest import arithmetic_rows
-from tests.training.test_runs_support import reward_config
+from tests.training.test_celery_worker import purge
+from tests.training.test_runs_support import reward_config, wait_for
 from training import config_policy, services, supervisor
 from training.config_policy import InvalidTrainingConfig
 from training.models import ModelVersion, TrainingRun
+from training.tasks import run_training
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -144,3 +150,69 @@ def test_an_accelerate_config_is_named_never_a_path(training_settings, tiny_rewa
                 config={**reward_config(tiny_reward_dir), "accelerate_config": bad},
             )
         assert refused.value.field == "config.accelerate_config"
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+def test_a_gpu_worker_runs_two_processes_and_registers_one_model(
+    training_settings, tiny_reward_dir, reward_snapshot, tmp_path
+):
+    broker_url = f"redis://127.0.0.1:6379/{os.environ.get('PREFLOOP_CELERY_TEST_REDIS_DB', '11')}"
+    queue = f"gpu-test-{uuid.uuid4().hex[:10]}"
+    purge(queue)
+    worker = None
+    try:
+        # given a reward run naming the two-process config, queued for a gpu worker
+        run = services.training_run_create(
+            recipe="reward",
+            config={
+                **reward_config(tiny_reward_dir, max_steps=4, save_steps=2),
+                "accelerate_config": "cpu_gloo",
+            },
+            dataset_path=reward_snapshot,
+            enqueue=False,
+        )
+        with Connection(broker_url) as broker:
+            run_training.apply_async(args=(run.pk,), queue=queue, connection=broker)
+
+        # when a real worker takes it (its supervisor launches accelerate, which starts two CLIs)
+        worker = Worker(queue=queue, broker_url=broker_url, log_path=tmp_path / "w.log", name=queue)
+        ranks = wait_for(
+            lambda: (
+                len(
+                    [
+                        p
+                        for p in worker.tree()
+                        if "training.trainers.cli" in " ".join(p.cmdline())
+                        and "accelerate" not in " ".join(p.cmdline())
+                    ]
+                )
+                == 2
+            ),
+            timeout=180,
+            interval=0.2,
+            what="two training processes under the worker",
+        )
+        assert ranks
+        done = wait_for(
+            lambda: TrainingRun.objects.filter(
+                pk=run.pk,
+                status__in=[TrainingRun.Status.SUCCEEDED, TrainingRun.Status.FAILED],
+            ).first(),
+            timeout=300,
+            interval=0.5,
+            what="the run to end",
+        )
+
+        # then it succeeded once and registered exactly one model version
+        log = Path(done.output_dir, "train.log").read_text()
+        assert done.status == TrainingRun.Status.SUCCEEDED, done.error + log[-3000:]
+        assert done.attempts == 1
+        assert "cpu_gloo.yaml" in log
+        assert done.current_metrics["global_step"] == 4
+        assert ModelVersion.objects.filter(training_run=done).count() == 1
+        assert ModelVersion.objects.count() == 1
+    finally:
+        if worker is not None:
+            worker.stop()
+        purge(queue)
