@@ -216,3 +216,90 @@ def test_a_gpu_worker_runs_two_processes_and_registers_one_model(
         if worker is not None:
             worker.stop()
         purge(queue)
+
+
+PPO_STATS_SCRIPT = """
+import json, sys
+from types import SimpleNamespace
+
+import torch
+from accelerate import Accelerator
+
+from training.trainers import ppo_core as core
+from training.trainers.ppo import PPOTrainer
+
+accelerator = Accelerator()
+trainer = SimpleNamespace(accelerator=accelerator, device=accelerator.device)
+reduce = lambda t: PPOTrainer._reduce(trainer, t)
+gather = lambda t: PPOTrainer._gather(trainer, t)
+
+# the same rollouts on every process; each process holds its half of the rows
+generator = torch.Generator().manual_seed(0)
+advantages = torch.randn(8, 6, generator=generator) * 3 + 1
+rewards = torch.randn(8, 6, generator=generator)
+kl = torch.rand(8, 6, generator=generator) * 0.1
+scores = torch.randn(8, generator=generator)
+mask = torch.rand(8, 6, generator=generator) > 0.3
+mask[1, :] = False  # a filtered sequence
+rows = slice(4 * accelerator.process_index, 4 * (accelerator.process_index + 1))
+
+one = {
+    "advantages": core.masked_whiten(advantages, mask)[rows],
+    "rewards": core.masked_whiten(rewards, mask, shift_mean=False)[rows],
+    "kl_seq_mean": (kl * mask).sum(dim=1).mean(),
+    "score_mean": scores.mean(),
+}
+two = {
+    "advantages": core.masked_whiten(advantages[rows], mask[rows], reduce=reduce),
+    "rewards": core.masked_whiten(rewards[rows], mask[rows], shift_mean=False, reduce=reduce),
+    "kl_seq_mean": gather((kl[rows] * mask[rows]).sum(dim=1)).mean(),
+    "score_mean": gather(scores[rows]).mean(),
+}
+out = {k: float((one[k] - two[k]).abs().max()) for k in one}
+out["world"] = accelerator.num_processes
+out["naive_advantages"] = float(
+    (one["advantages"] - core.masked_whiten(advantages[rows], mask[rows])).abs().max()
+)
+with open(f"{sys.argv[1]}/rank{accelerator.process_index}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+@pytest.mark.django_db
+def test_ppo_statistics_over_two_processes_equal_those_of_one(settings, tmp_path):
+    import subprocess
+    import sys
+
+    from training import processes
+
+    script = tmp_path / "ppo_stats.py"
+    script.write_text(PPO_STATS_SCRIPT)
+    config = config_policy.accelerate_config_path(name="cpu_gloo")
+    # given PPO's own reduce and gather under the shipped two-process config
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(config),
+            "--main_process_port",
+            str(_free_port()),
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=str(settings.BASE_DIR),
+        env=processes.child_env(accelerate_config=config),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["world"] == 2
+        # then whitening, the KL per sequence and the score mean are the one-process figures
+        for key in ("advantages", "rewards", "kl_seq_mean", "score_mean"):
+            assert result[key] < 1e-6, (rank, key, result)
+        # while whitening each half alone would not be (the check can tell them apart)
+        assert result["naive_advantages"] > 1e-2, result
