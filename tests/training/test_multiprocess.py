@@ -303,3 +303,60 @@ def test_ppo_statistics_over_two_processes_equal_those_of_one(settings, tmp_path
             assert result[key] < 1e-6, (rank, key, result)
         # while whitening each half alone would not be (the check can tell them apart)
         assert result["naive_advantages"] > 1e-2, result
+
+
+ONLINE_CONFIGS = {
+    "grpo": {
+        "reward_function": "digits",
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "per_device_train_batch_size": 4,
+    },
+    "rloo": {
+        "reward_function": "digits",
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "per_device_train_batch_size": 4,
+    },
+    "ppo": {
+        "reward_function": "demo",
+        "rollout_batch_size": 4,
+        "per_device_train_batch_size": 4,
+        "max_new_tokens": 8,
+        "num_ppo_epochs": 1,
+    },
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(ONLINE_CONFIGS))
+@pytest.mark.django_db
+def test_sampling_recipes_finish_in_two_processes_with_one_model(
+    training_settings, tiny_policy_dir, make_snapshot, recipe
+):
+    from training import demo
+
+    training_settings.PREFLOOP_REWARD_FUNCTIONS = {
+        "demo": "training.demo:true_reward",
+        "digits": "tests.training.test_trainers_online:digit_share",
+    }
+    training_settings.TRAINING_ACCELERATE_ARGS = ["--main_process_port", str(_free_port())]
+    prompts = [{"prompt": p.prompt} for p in demo.problems_in("train")[:16]]
+    snapshot = make_snapshot(train=prompts)
+    config = {
+        "model_name_or_path": str(tiny_policy_dir),
+        "max_steps": 2,
+        "save_steps": 2,
+        "logging_steps": 1,
+        "seed": 3,
+        "accelerate_config": "cpu_gloo",
+        **ONLINE_CONFIGS[recipe],
+    }
+    run = services.training_run_create(
+        recipe=recipe, config=config, dataset_path=snapshot, enqueue=False
+    )
+    run = supervisor.training_run_execute(run_id=run.pk)
+    log = Path(run.output_dir, "train.log").read_text()
+    assert run.status == TrainingRun.Status.SUCCEEDED, run.error + log[-3000:]
+    assert "cpu_gloo.yaml" in log
+    assert run.current_metrics["global_step"] == 2
+    assert ModelVersion.objects.filter(training_run=run).count() == 1
