@@ -360,3 +360,56 @@ def test_sampling_recipes_finish_in_two_processes_with_one_model(
     assert "cpu_gloo.yaml" in log
     assert run.current_metrics["global_step"] == 2
     assert ModelVersion.objects.filter(training_run=run).count() == 1
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "rloo"])
+@pytest.mark.django_db
+def test_sampling_statistics_are_those_of_both_processes_samples(
+    training_settings, tiny_policy_dir, make_snapshot, recipe, tmp_path, monkeypatch
+):
+    from training import demo
+
+    # given a reward function that records, per process, the rewards it gave
+    record = tmp_path / "rewards"
+    record.mkdir()
+    monkeypatch.setenv("PREFLOOP_TEST_REWARD_LOG", str(record))
+    training_settings.PREFLOOP_TRAINING_ENV_PASSTHROUGH = ["PREFLOOP_TEST_REWARD_LOG"]
+    training_settings.PREFLOOP_REWARD_FUNCTIONS = {
+        "recorded": "tests.training.multiprocess_rewards:digits_recorded"
+    }
+    training_settings.TRAINING_ACCELERATE_ARGS = ["--main_process_port", str(_free_port())]
+    snapshot = make_snapshot(train=[{"prompt": p.prompt} for p in demo.problems_in("train")[:16]])
+    config = {
+        **ONLINE_CONFIGS[recipe],
+        "reward_function": "recorded",
+        "model_name_or_path": str(tiny_policy_dir),
+        "max_steps": 1,
+        "save_steps": 1,
+        "logging_steps": 1,
+        "seed": 3,
+        "accelerate_config": "cpu_gloo",
+    }
+
+    # when one step runs in two processes
+    run = services.training_run_create(
+        recipe=recipe, config=config, dataset_path=snapshot, enqueue=False
+    )
+    run = supervisor.training_run_execute(run_id=run.pk)
+    log = Path(run.output_dir, "train.log").read_text()
+    assert run.status == TrainingRun.Status.SUCCEEDED, run.error + log[-3000:]
+
+    # then each process scored its own 4 samples, and the logged statistics are the union's
+    import statistics
+
+    per_rank = [
+        [r for line in (record / f"rank{n}.jsonl").open() for r in json.loads(line)] for n in (0, 1)
+    ]
+    assert [len(rewards) for rewards in per_rank] == [4, 4]
+    union = per_rank[0] + per_rank[1]
+    text = Path(run.output_dir, "metrics.jsonl").read_text()
+    logged = next(r for r in map(json.loads, text.splitlines()) if "reward" in r)
+    assert logged["reward"] == pytest.approx(statistics.fmean(union), rel=1e-5, abs=1e-7)
+    assert logged["reward_std"] == pytest.approx(statistics.stdev(union), rel=1e-5, abs=1e-7)
+    # and one process's samples alone would give other figures (the check tells them apart)
+    alone = (statistics.fmean(per_rank[0]), statistics.stdev(per_rank[0]))
+    assert alone != pytest.approx((logged["reward"], logged["reward_std"]), rel=1e-3)
