@@ -628,8 +628,7 @@ def _train_member(config, index, model_path, tokenizer, prepared, output_dir, lo
     logger.info(f"training ensemble member {index} (seed {member_config.seed})")
     trainer.train()
     model_dir = member_out / "model"
-    if trainer.accelerator.is_main_process:
-        trainer.save_model(str(model_dir))
+    trainer.save_model(str(model_dir))  # every process calls it; only the main one writes
     return model_dir
 
 
