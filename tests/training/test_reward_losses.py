@@ -111,3 +111,12 @@ def test_tokenize_pairs_carries_soft_labels_ties_and_weights(make_snapshot, tiny
     )
     assert [r["soft_label"] for r in hard] == [1.0, 1.0]
     assert counts["dropped_ties"] == 1 and counts["pairs_kept"] == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("ties", "average"), ("tie_weight", -1.0), ("ensemble_size", 9)]
+)
+def test_a_bad_label_setting_is_refused_naming_its_field(tiny_reward_dir, field, value):
+    config = reward.Config(model_name_or_path=str(tiny_reward_dir), **{field: value})
+    with pytest.raises(reward.ConfigError, match=field):
+        config.validate()
