@@ -295,8 +295,8 @@ class Command(BaseCommand):
             + f"; total {total:.0f}s"
         )
         self._say(
-            f"Look at: {url}/ (annotate), {url}/admin/ (researchers), "
-            f"{url}/api/docs/ (API); artefacts in {settings.ARTIFACT_ROOT}"
+            f"Look at: {url}/ (annotate), {url}/console/ and {url}/dashboard/ (researchers), "
+            f"{url}/admin/ (staff), {url}/api/docs/ (API); artefacts in {settings.ARTIFACT_ROOT}"
         )
 
 
