@@ -167,6 +167,17 @@ class Round(models.Model):
     source_key = models.CharField(max_length=200, blank=True)
     # Archived instead of deleted; an archived round is closed (never served).
     archived = models.BooleanField(default=False)
+
+    class Purpose(models.TextChoices):
+        TRAIN = "train", "Training data"
+        EVAL = "eval", "Human evaluation (never exported for training)"
+
+    purpose = models.CharField(
+        max_length=8,
+        choices=Purpose.choices,
+        default=Purpose.TRAIN,
+        help_text="An evaluation round is served like any other but never exported for training.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     closed_at = models.DateTimeField(null=True, blank=True)
 
@@ -199,9 +210,20 @@ class Prompt(models.Model):
         max_length=200, blank=True, help_text="Split group (defaults to the content hash)."
     )
     external_id = models.CharField(max_length=200, blank=True)
+
+    class Split(models.TextChoices):
+        TRAIN = "train", "Training"
+        EVAL = "eval", "Evaluation (never used by a training round)"
+
+    # Prompt pool: prompts imported to generate rounds from. The evaluation split is fixed at
+    # import by a hash of the content, so a prompt keeps its side whatever else is imported.
+    in_pool = models.BooleanField(default=False, help_text="Imported into the prompt pool.")
+    split = models.CharField(max_length=8, choices=Split.choices, default=Split.TRAIN)
+    tags = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        indexes = [models.Index(fields=["project", "in_pool", "split"])]
         constraints = [
             models.UniqueConstraint(fields=["project", "content_hash"], name="prompt_unique_hash"),
         ]

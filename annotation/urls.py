@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from annotation import apis, apis_data
 
@@ -47,4 +47,5 @@ urlpatterns = [
         apis_data.DatasetFileApi.as_view(),
         name="api-dataset-file",
     ),
+    path("", include("annotation.urls_pool")),
 ]

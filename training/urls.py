@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from training import apis
 
@@ -31,4 +31,7 @@ urlpatterns = [
         apis.ModelVersionDetailApi.as_view(),
         name="api-model-version",
     ),
+    path("", include("training.urls_registry")),
+    path("", include("training.urls_rounds")),
+    path("", include("training.urls_loop")),
 ]

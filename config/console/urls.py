@@ -27,4 +27,7 @@ urlpatterns = [
     path(P + "review/refresh/", review.review_refresh, name="review-refresh"),
     path(P + "review/items/<int:item_id>/verdict/", review.verdict_create, name="verdict"),
     path(P + "training/", include("config.console.training_urls")),
+    path(P + "models/", include("config.console.models_urls")),
+    path(P + "pool/", include("config.console.pool_urls")),
+    path(P + "loop/", include("config.console.loop_urls")),
 ]

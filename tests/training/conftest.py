@@ -6,11 +6,18 @@ fixtures return folders; copy one before a test changes it.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from training.trainers.common import QUIET_OFFLINE_ENV
 
@@ -160,3 +167,51 @@ def assert_run_json_complete(output_dir: Path, recipe: str) -> dict:
     assert run["final_metrics"]["global_step"] > 0
     assert run["trl_config"]["seed"] == run["config"]["seed"]
     return run
+
+
+SERVE_START_SECONDS = 240
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def served_policy(tiny_policy_dir, tmp_path_factory):
+    """Yield (base_url, model) of a `transformers serve` process serving a tiny policy."""
+    folder = tmp_path_factory.mktemp("served") / "policy"
+    shutil.copytree(tiny_policy_dir, folder)
+    # transformers serve takes temperature from the request but do_sample from the model's
+    # generation config, as a released instruct model's generation_config.json sets it.
+    config_path = folder / "generation_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "do_sample": True}))
+    port = free_port()
+    log = (folder.parent / "serve.log").open("w")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [str(Path(sys.executable).with_name("transformers")), "serve"]
+    command += ["--host", "127.0.0.1", "--port", str(port), str(folder)]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVE_START_SECONDS
+        while True:
+            assert process.poll() is None, (folder.parent / "serve.log").read_text()[-2000:]
+            try:
+                if requests.get(f"{base_url}/health", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "transformers serve did not come up"
+            time.sleep(0.5)
+        yield base_url, str(folder)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()

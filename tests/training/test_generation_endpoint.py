@@ -9,73 +9,19 @@ own round builder. Endpoints that misbehave are served by tests/training/test_ge
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-import requests
 from rest_framework.test import APIClient
 
 from annotation import services as annotation_services
 from annotation.models import Candidate, Item, Membership, Round
 from tests.factories import add_member, make_project, make_user
+from tests.training.conftest import free_port as _free_port
 from training import loop
 from training.generation import GenerationError, GenerationSettings
 from training.generation.endpoints import candidates_generate, model_version_endpoint_create
 from training.models import ModelVersion
 from training.processes import child_env
-
-SERVE_START_SECONDS = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def served_policy(tiny_policy_dir, tmp_path_factory):
-    """Yield (base_url, model) of a `transformers serve` process serving a tiny policy."""
-    folder = tmp_path_factory.mktemp("served") / "policy"
-    shutil.copytree(tiny_policy_dir, folder)
-    # transformers serve takes temperature from the request but do_sample from the model's
-    # generation config, as a released instruct model's generation_config.json sets it.
-    config_path = folder / "generation_config.json"
-    config = json.loads(config_path.read_text())
-    config_path.write_text(json.dumps({**config, "do_sample": True}))
-    port = _free_port()
-    log = (folder.parent / "serve.log").open("w")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [str(Path(sys.executable).with_name("transformers")), "serve"]
-    command += ["--host", "127.0.0.1", "--port", str(port), str(folder)]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVE_START_SECONDS
-        while True:
-            assert process.poll() is None, (folder.parent / "serve.log").read_text()[-2000:]
-            try:
-                if requests.get(f"{base_url}/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "transformers serve did not come up"
-            time.sleep(0.5)
-        yield base_url, str(folder)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 @pytest.fixture

@@ -135,6 +135,7 @@ def model_version_endpoint_create(
                 endpoint_name=endpoint,
                 endpoint_model=model,
                 project=project,
+                source=ModelVersion.Source.ENDPOINT,
             )
     except IntegrityError as exc:
         raise Conflict(f"name: a model version named {name!r} exists already.") from exc

@@ -1,0 +1,3 @@
+"""API of a project's prompt pool."""
+
+urlpatterns: list = []

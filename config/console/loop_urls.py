@@ -1,0 +1,3 @@
+"""Console page of a project's loop."""
+
+urlpatterns: list = []

@@ -1,0 +1,3 @@
+"""Console pages of a project's models (registry, uploads, validation, promotion)."""
+
+urlpatterns: list = []

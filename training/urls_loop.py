@@ -1,0 +1,3 @@
+"""API of a project's loop: state, timeline, actions."""
+
+urlpatterns: list = []

@@ -1,0 +1,3 @@
+"""API of the model registry: register policies and reward models, validate, promote."""
+
+urlpatterns: list = []
