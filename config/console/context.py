@@ -8,12 +8,17 @@ from annotation import access
 from annotation.models import Project
 
 
-def training_url(project_id: int) -> str | None:
-    """Return the console's training page of a project, or None while it is not routed."""
+def project_page_url(name: str, project_id: int) -> str | None:
+    """Return a console page of a project, or None while it is not routed."""
     try:
-        return reverse("console:training", args=[project_id])
+        return reverse(f"console:{name}", args=[project_id])
     except NoReverseMatch:
         return None
+
+
+def training_url(project_id: int) -> str | None:
+    """Return the console's training page of a project, or None while it is not routed."""
+    return project_page_url("training", project_id)
 
 
 def console_context(*, request, project: Project | None = None, section: str = "", **extra):
@@ -24,9 +29,16 @@ def console_context(*, request, project: Project | None = None, section: str = "
         if can_manage:
             nav.append(("data", "Data", reverse("console:data", args=[project.pk])))
         nav.append(("review", "Review", reverse("console:review", args=[project.pk])))
-        training = training_url(project.pk) if can_manage else None
-        if training is not None:
-            nav.append(("training", "Training", training))
+        if can_manage:
+            for name, label in (
+                ("pool", "Prompts"),
+                ("models", "Models"),
+                ("training", "Training"),
+                ("loop", "Loop"),
+            ):
+                url = project_page_url(name, project.pk)
+                if url is not None:
+                    nav.append((name, label, url))
         if can_manage:
             nav.append(("dashboard", "Dashboard", reverse("dashboard:project", args=[project.pk])))
     else:
