@@ -63,6 +63,10 @@ class TrainingRun(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     # One entry per resumed attempt: {"attempt", "checkpoint", "step", "at"}.
     resumes = models.JSONField(default=list, blank=True)
+    # Reward-hacking alarms the supervisor computed as metrics arrived (training.alarms):
+    # [{"step", "kind", "reason", "action": "recorded" | "stopped"}], first of each kind.
+    alarms = models.JSONField(default=list, blank=True)
+    alarms_checked_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL

@@ -1,8 +1,10 @@
 """Policy-training curves: smoothed series and reward-hacking alarms. Numpy/scipy, no Django.
 
 Input is the list of logged metric dicts with ``step`` and any of ``reward``, ``kl``,
-``entropy``, ``response_length``, ``value_loss``. Each alarm names the first step where its
-rule fired and says why, with the numbers.
+``entropy``, ``response_length``, ``value_loss``, ``clip_fraction``, ``approx_kl``,
+``chosen_logp`` (DPO: log-probability of the chosen answers) and ``judge`` (a held-out judge's
+score of the policy's answers). Each alarm names the first step where its rule fired and says
+why, with the numbers.
 """
 
 from __future__ import annotations
@@ -14,7 +16,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-METRICS = ("reward", "kl", "entropy", "response_length", "value_loss")
+METRICS = (
+    "reward",
+    "kl",
+    "entropy",
+    "response_length",
+    "value_loss",
+    "clip_fraction",
+    "approx_kl",
+    "chosen_logp",
+    "judge",
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,19 @@ class CurveThresholds:
     entropy_ratio: float = field(default=0.3, metadata={"help": "entropy under baseline ratio"})
     value_loss_ratio: float = field(
         default=10.0, metadata={"help": "value loss over its running median"}
+    )
+    clip_fraction_limit: float = field(
+        default=0.3, metadata={"help": "smoothed clip fraction above this: updates too large"}
+    )
+    approx_kl_limit: float = field(
+        default=0.1, metadata={"help": "smoothed approximate KL per update above this"}
+    )
+    chosen_logp_drop: float = field(
+        default=10.0,
+        metadata={"help": "chosen answers' log-probability this many nats under its baseline"},
+    )
+    judge_drop: float = field(
+        default=0.0, metadata={"help": "judge score under its baseline by more than this"}
     )
 
 
@@ -128,7 +153,10 @@ def training_alarms(
 
     Kinds: ``kl_limit`` (smoothed KL above the limit while reward rises), ``kl_superlinear``
     (KL growing like step^p, p above the exponent, over the last window while reward rises),
-    ``length_explosion``, ``entropy_collapse``, ``value_loss_spike`` and ``non_finite``.
+    ``length_explosion``, ``entropy_collapse``, ``value_loss_spike``, ``non_finite``,
+    ``update_size`` (clip fraction or approximate KL per update above its limit),
+    ``likelihood_displacement`` (DPO: the chosen answers' log-probability falling) and
+    ``judge_falling`` (reward rising while a held-out judge's score falls).
     """
     t = thresholds or CurveThresholds()
     series = curve_series(metrics, t.smoothing)
@@ -142,7 +170,97 @@ def training_alarms(
         series.get("entropy"), t, above=False, kind="entropy_collapse", label="entropy"
     )
     alarms += _value_loss_spike(series.get("value_loss"), t)
+    alarms += _update_size(series, t)
+    alarms += _likelihood_displacement(series.get("chosen_logp"), t)
+    alarms += _judge_falling(series, t)
     return sorted(alarms, key=lambda a: a.step)
+
+
+def _update_size(series: dict[str, Series], t: CurveThresholds) -> list[Alarm]:
+    """Flag the first update whose smoothed clip fraction or approximate KL is over its limit.
+
+    PPO keeps each update inside a trust region (Schulman et al. 2017, Proximal Policy
+    Optimization); a clip fraction or a per-update KL far above the usual range (a few
+    percent; implementations stop an epoch early near 0.01-0.05 KL) means steps too large.
+    """
+    found = []
+    for name, limit in (("clip_fraction", t.clip_fraction_limit), ("approx_kl", t.approx_kl_limit)):
+        s = series.get(name)
+        if s is None:
+            continue
+        over = np.isfinite(s.smoothed) & (s.smoothed > limit)
+        if over.any():
+            i = int(np.argmax(over))
+            found.append((s.steps[i], name, s.smoothed[i], limit))
+    if not found:
+        return []
+    step, name, value, limit = min(found)
+    label = name.replace("_", " ")
+    return [Alarm(int(step), "update_size", f"{label} {value:.3g} above {limit:g} per update")]
+
+
+def _likelihood_displacement(s: Series | None, t: CurveThresholds) -> list[Alarm]:
+    """Flag DPO lowering the log-probability of the chosen answers themselves.
+
+    DPO widens the gap between chosen and rejected answers; when it does so by pushing the
+    chosen answers' probability down, probability mass moves to answers nobody labelled
+    (Razin et al. 2024, Unintentional Unalignment: Likelihood Displacement in Direct
+    Preference Optimization; Pal et al. 2024, Smaug).
+    """
+    if s is None or s.raw.size <= t.baseline_points:
+        return []
+    head = s.raw[: t.baseline_points]
+    if not np.isfinite(head).any():
+        return []
+    baseline = float(np.mean(head[np.isfinite(head)]))
+    limit = baseline - t.chosen_logp_drop
+    for step, value in zip(s.steps, s.smoothed, strict=True):
+        if math.isfinite(value) and value < limit:
+            return [
+                Alarm(
+                    int(step),
+                    "likelihood_displacement",
+                    f"chosen answers' log-probability {value:.3g} fell more than "
+                    f"{t.chosen_logp_drop:g} under its baseline {baseline:.3g}",
+                )
+            ]
+    return []
+
+
+def _judge_falling(series: dict[str, Series], t: CurveThresholds) -> list[Alarm]:
+    """Flag reward rising while a held-out judge's score of the same policy falls.
+
+    The trained reward is a proxy; a judge it was not trained against falling while the proxy
+    climbs is over-optimisation itself (Gao et al. 2023, Scaling Laws for Reward Model
+    Overoptimization).
+    """
+    judge = series.get("judge")
+    if judge is None or judge.raw.size <= t.baseline_points:
+        return []
+    head = judge.raw[: t.baseline_points]
+    if not np.isfinite(head).any():
+        return []
+    baseline = float(np.mean(head[np.isfinite(head)]))
+    for i, step in enumerate(judge.steps):
+        value = judge.smoothed[i]
+        if i + 1 < t.baseline_points or not math.isfinite(value):
+            continue
+        if value >= baseline - t.judge_drop:
+            continue
+        lo = max(0, i + 1 - t.window)
+        if _trend(judge.steps[lo : i + 1], judge.smoothed[lo : i + 1]) >= 0:
+            continue
+        rising, gain = _reward_rising(series, step, t)
+        if rising:
+            return [
+                Alarm(
+                    int(step),
+                    "judge_falling",
+                    f"held-out judge {value:.3g} under its baseline {baseline:.3g} while "
+                    f"reward rose {gain:+.3g} over the last {t.window} logs",
+                )
+            ]
+    return []
 
 
 def _non_finite(series: dict[str, Series]) -> list[Alarm]:

@@ -8,59 +8,11 @@ from config.console.dashboard.data import read_metrics
 from config.console.dashboard.panel import Panel, empty, number
 from config.console.dashboard.specs import Curve, CurveAlarm, CurvesChart
 from evaluation.stats import curves
+from training.alarms import ALARM_METRICS, CURVE_KEYS, RECIPE_ALARMS, canonical_metrics, run_alarms
 from training.models import ModelVersion, TrainingRun
 
 MAX_CURVE_POINTS = 1_000
 
-# Logged keys of each curve, first match wins. Our PPO logs ``ppo/*``, ``kl/*``, ``score/*``;
-# TRL's trainers (SFT, reward, DPO, GRPO, RLOO) log their own names; each tuple lists them all.
-CURVE_KEYS: dict[str, tuple[str, ...]] = {
-    "reward": ("reward", "score/raw_mean", "objective/scores", "objective/rlhf_reward"),
-    "reward_std": ("reward_std", "score/raw_std"),
-    "kl": ("kl/seq_mean", "kl", "objective/kl"),
-    "entropy": ("entropy/rollout", "entropy", "ppo/entropy", "policy/entropy_avg"),
-    "response_length": ("response/length_mean", "completions/mean_length", "response_length"),
-    "loss": ("loss", "ppo/policy_loss", "loss/policy_avg"),
-    "value_loss": ("value_loss", "ppo/value_loss", "loss/value_avg"),
-    # DPO's implicit rewards beta * log(pi / pi_ref) of each answer (TRL DPOTrainer)
-    "rewards_chosen": ("rewards/chosen",),
-    "rewards_rejected": ("rewards/rejected",),
-    "rewards_margins": ("rewards/margins",),
-    "rewards_accuracies": ("rewards/accuracies",),
-    # reward model (TRL RewardTrainer) and SFT
-    "accuracy": ("accuracy",),
-    "margin": ("margin",),
-    "token_accuracy": ("mean_token_accuracy",),
-    # the size of each policy update (our PPO; TRL GRPO/RLOO; TRL PPO)
-    "clip_fraction": ("ppo/clip_fraction", "clip_ratio/region_mean", "policy/clipfrac_avg"),
-    "approx_kl": ("ppo/approx_kl", "policy/approxkl_avg"),
-    "grad_norm": ("ppo/policy_grad_norm", "grad_norm"),
-    "value_grad_norm": ("ppo/value_grad_norm",),
-    "learning_rate": ("learning_rate", "lr"),
-}
-# The curve each alarm kind is about (its label is drawn there; other curves get the line).
-ALARM_METRICS = {
-    "kl_limit": "kl",
-    "kl_superlinear": "kl",
-    "length_explosion": "response_length",
-    "entropy_collapse": "entropy",
-    "value_loss_spike": "value_loss",
-}
-# Alarms that mean something for a recipe. The reward-hacking signs (KL running away while
-# reward rises, answers growing, entropy collapsing) belong to the recipes that sample answers
-# and chase a reward; SFT, DPO and reward models lower their entropy by design and generate
-# nothing, so only a metric that is not a number is an alarm there.
-_SAMPLING_ALARMS = frozenset(
-    {"non_finite", "kl_limit", "kl_superlinear", "length_explosion", "entropy_collapse"}
-)
-RECIPE_ALARMS: dict[str, frozenset[str]] = {
-    "sft": frozenset({"non_finite"}),
-    "reward": frozenset({"non_finite"}),
-    "dpo": frozenset({"non_finite"}),
-    "grpo": _SAMPLING_ALARMS,
-    "rloo": _SAMPLING_ALARMS,
-    "ppo": _SAMPLING_ALARMS | {"value_loss_spike"},
-}
 CURVE_TITLES = {
     "reward": "Reward",
     "reward_std": "Reward spread (std)",
@@ -76,6 +28,8 @@ CURVE_TITLES = {
     "accuracy": "Pair accuracy",
     "margin": "Score margin",
     "token_accuracy": "Token accuracy",
+    "chosen_logp": "Log-probability of the chosen answers",
+    "judge": "Held-out judge score",
     "clip_fraction": "Clip fraction",
     "approx_kl": "Approximate KL per update",
     "grad_norm": "Gradient norm",
@@ -139,25 +93,6 @@ def runs_panel(runs: list[TrainingRun]) -> Panel:
     )
 
 
-def canonical_metrics(records: list[dict]) -> tuple[list[dict], dict[str, str]]:
-    """Return records renamed to the curve names, and which logged key each came from."""
-    sources: dict[str, str] = {}
-    for name, keys in CURVE_KEYS.items():
-        for key in keys:
-            if any(number(r.get(key)) is not None for r in records):
-                sources[name] = key
-                break
-    out = []
-    for record in records:
-        row = {"step": record["step"]}
-        for name, key in sources.items():
-            if key in record and isinstance(record[key], int | float):
-                row[name] = float(record[key])
-        if len(row) > 1:
-            out.append(row)
-    return out, sources
-
-
 def _thin(indices: int) -> np.ndarray:
     """Return the indices kept so a series has at most MAX_CURVE_POINTS points (ends kept)."""
     if indices <= MAX_CURVE_POINTS:
@@ -167,7 +102,8 @@ def _thin(indices: int) -> np.ndarray:
 
 def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
     """Return the run's curves (raw and smoothed) and its reward-hacking alarms."""
-    records, sources = canonical_metrics(read_metrics(run))
+    raw = read_metrics(run)
+    records, sources = canonical_metrics(raw)
     title = f"Training curves: run {run.pk} ({run.recipe})"
     if not records:
         message = "No metrics logged yet." if run.output_dir else "The run has no output folder."
@@ -192,14 +128,12 @@ def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
             points.append([int(s.steps[i]), raw, smoothed])
         charts.append(Curve(name, CURVE_TITLES[name], sources[name], points))
     allowed = RECIPE_ALARMS.get(run.recipe)
-    alarms = [
-        alarm
-        for alarm in curves.training_alarms(records)
-        if allowed is None or alarm.kind in allowed
-    ]
+    alarms = stored_alarms(run, raw)
     chart = CurvesChart(
         charts=charts,
-        alarms=[CurveAlarm(a.step, a.kind, ALARM_METRICS.get(a.kind, "")) for a in alarms],
+        alarms=[
+            CurveAlarm(a["step"], a["kind"], ALARM_METRICS.get(a["kind"], "")) for a in alarms
+        ],
     )
     curves_panel_ = Panel(
         key="curves",
@@ -215,10 +149,28 @@ def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
     )
     if not alarms:
         return curves_panel_, empty("alarms", "Alarms", _no_alarm_message(allowed))
-    alarm_rows = [[a.step, a.kind, a.reason] for a in alarms]
+    alarm_rows = [[a["step"], a["kind"], a["reason"], a.get("action", "")] for a in alarms]
     return curves_panel_, Panel(
-        key="alarms", title="Alarms", columns=["step", "kind", "why"], rows=alarm_rows
+        key="alarms",
+        title="Alarms",
+        columns=["step", "kind", "why", "action"],
+        rows=alarm_rows,
+        note="Computed by the run's supervisor as metrics arrive; 'stopped' means the run's "
+        "config (stop_on_alarm) ended it there, keeping its newest complete checkpoint.",
     )
+
+
+def stored_alarms(run: TrainingRun, records: list[dict]) -> list[dict]:
+    """Return the alarms the supervisor stored on the run.
+
+    Runs supervised before alarms were stored have none: theirs are computed from the same
+    rules here, once, for display.
+    """
+    if run.alarms or run.status in (TrainingRun.Status.QUEUED, TrainingRun.Status.RUNNING):
+        return list(run.alarms)
+    if run.alarms_checked_at is not None:
+        return []
+    return [{"step": a.step, "kind": a.kind, "reason": a.reason} for a in run_alarms(run.recipe, records)]
 
 
 def _no_alarm_message(allowed: frozenset[str] | None) -> str:
