@@ -93,6 +93,10 @@ ACCESS: dict[str, Rule] = {
     "api-import": Rule(post=RESEARCHER),
     "api-import-preferences": Rule(post=RESEARCHER),
     "api-import-job": Rule(get=RESEARCHER),
+    # The prompt pool: its researchers only (an empty JSON body is a 415 for them).
+    "api-prompt-pool": Rule(get=RESEARCHER),
+    "api-prompt-pool-import": Rule(post=RESEARCHER),
+    "api-prompt-pool-counts": Rule(get=RESEARCHER),
     "api-next": Rule(post=MEMBER_ONLY),
     "api-progress": Rule(get=MEMBER),
     "api-submit": Rule(post=MEMBER_ONLY),
