@@ -346,7 +346,7 @@ def clipped_value_loss(
     """Return ``(loss, clip_fraction)``: half the clipped squared error over valid actions.
 
     # L_V = 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2)
-    # (Schulman et al. 2017, OpenAI baselines ppo2; seed 004 §8.5)
+    # (Schulman et al. 2017, OpenAI baselines ppo2)
     """
     clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
     unclipped_error = (values - returns).square()
