@@ -120,3 +120,132 @@ def policy_last_promoted(*, project: Project) -> ModelVersion | None:
 def policy_current(*, project: Project) -> ModelVersion | None:
     """Return the policy rounds are generated from: the last promoted one, else the base."""
     return policy_last_promoted(project=project) or policy_base(project=project)
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+def _criterion(value, threshold, *, at_most: bool, note: str = "") -> dict:
+    if threshold is None:
+        return {"value": value, "threshold": None, "passed": None, "note": "not checked"}
+    if value is None:
+        return {"value": None, "threshold": threshold, "passed": None, "note": note}
+    passed = value <= threshold if at_most else value >= threshold
+    return {"value": value, "threshold": threshold, "passed": bool(passed)}
+
+
+def gate_criteria(*, policy: ModelVersion, settings) -> dict[str, dict]:
+    """Return each gate criterion of a policy: its value, threshold and whether it passed.
+
+    A criterion without a value (no judge of that kind, KL not available, no held-out reward
+    model accuracy) has ``passed`` None: reported, not counted either way.
+    """
+    from training.models import PolicyEvaluation
+
+    gate = settings.gate
+    generation = policy.eval_results.get("generation") or {}
+    criteria: dict[str, dict] = {}
+    previous_id = generation.get("previous_id")
+    verdicts = PolicyEvaluation.objects.filter(
+        policy=policy, opponent_id=previous_id, judge_kind__in=gate["win_rate_judges"]
+    ).order_by("judge_kind", "judge")
+    for verdict in verdicts:
+        criteria[f"win_rate_ci_low[{verdict.judge}]"] = {
+            **_criterion(
+                verdict.ci_low,
+                gate["min_win_rate_ci_low"],
+                at_most=False,
+                note="no decisive verdict",
+            ),
+            "judge_kind": verdict.judge_kind,
+            "opponent": previous_id,
+            "win_rate": verdict.win_rate,
+        }
+    if not criteria:
+        criteria["win_rate_ci_low"] = _criterion(
+            None, gate["min_win_rate_ci_low"], at_most=False, note="no judge evaluated it"
+        )
+    kl = generation.get("kl_reference") or {}
+    criteria["kl_reference"] = _criterion(
+        kl.get("value") if kl.get("available") else None,
+        gate["kl_budget"],
+        at_most=True,
+        note=kl.get("reason", "not measured"),
+    )
+    criteria["length_ratio"] = _criterion(
+        generation.get("length_ratio_vs_previous"),
+        gate["max_length_ratio"],
+        at_most=True,
+        note="no previous policy's answers to compare with",
+    )
+    reward_model = _iteration_reward_model(policy)
+    accuracy = None
+    if reward_model is not None:
+        report = reward_model.eval_results.get("rm_metrics") or {}
+        if report.get("split") == "test":
+            accuracy = report.get("accuracy")
+    criteria["rm_test_accuracy"] = {
+        **_criterion(
+            accuracy,
+            gate["min_rm_accuracy"],
+            at_most=False,
+            note="no reward model with held-out test metrics in this iteration",
+        ),
+        "reward_model": reward_model.pk if reward_model is not None else None,
+    }
+    return criteria
+
+
+def _iteration_reward_model(policy: ModelVersion) -> ModelVersion | None:
+    """Return the reward model trained on the same dataset version as the policy, if any."""
+    run = policy.training_run
+    if run is None or run.dataset_version_id is None:
+        return None
+    return (
+        ModelVersion.objects.filter(
+            kind=ModelVersion.Kind.REWARD, training_run__dataset_version_id=run.dataset_version_id
+        )
+        .order_by("-created_at", "-pk")
+        .first()
+    )
+
+
+def policy_gate(*, policy: ModelVersion, settings, evaluation_error: str = "") -> ModelVersion:
+    """Judge a policy by the loop's gate criteria; promote it or keep it unpromoted.
+
+    A decision already taken (by the gate or by hand) stands. A policy whose evaluation
+    failed is not promoted: nothing says it is better.
+    """
+    policy.refresh_from_db()
+    if policy.promotion:
+        return policy
+    if evaluation_error:
+        record = {"passed": False, "criteria": {}, "evaluation_error": evaluation_error}
+        reason = f"not evaluated: {evaluation_error}"
+    else:
+        criteria = gate_criteria(policy=policy, settings=settings)
+        failed = [name for name, c in criteria.items() if c["passed"] is False]
+        record = {"passed": not failed, "criteria": criteria, "settings": settings.gate}
+        if failed:
+            reason = "failed: " + "; ".join(
+                f"{name} {_shown(criteria[name]['value'])} vs {criteria[name]['threshold']}"
+                for name in failed
+            )
+        else:
+            checked = [name for name, c in criteria.items() if c["passed"]]
+            reason = "passed: " + (", ".join(checked) or "no criterion had a value")
+    promotion = (
+        ModelVersion.Promotion.PROMOTED if record["passed"] else ModelVersion.Promotion.REJECTED
+    )
+    return _decision_store(
+        version=policy, promotion=promotion, reason=reason, user=None, gate=record
+    )
+
+
+def _shown(value) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def kl_budget(*, settings) -> float | None:
+    """Return the loop's KL budget in nats (the one home the reward-hacking guards read)."""
+    return settings.gate["kl_budget"]

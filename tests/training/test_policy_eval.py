@@ -1,0 +1,196 @@
+"""The loop's evaluation of a new policy: judges, win rates with CIs, KL and text statistics."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from annotation.imports import content_hash
+from annotation.models import Prompt
+from evaluation.stats.textstats import text_stats
+from tests.factories import make_project, make_round
+from training.loop.settings import LoopSettings
+from training.models import ModelVersion, PolicyEvaluation, TrainingRun
+from training.policy_eval import (
+    EvaluationUnavailable,
+    evaluation_prompts,
+    policy_answers,
+    policy_evaluate,
+    sequence_kl,
+)
+from training.scoring import reward_scores
+
+pytestmark = pytest.mark.django_db
+
+N_EVAL = 6
+
+
+def _perturbed_copy(source, folder):
+    """Return a copy of a policy folder with its output layer changed (a 'trained' policy)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(source, folder)
+    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    torch.manual_seed(7)
+    with torch.no_grad():
+        # A large shift of the final layer norm moves the next-token distribution far.
+        model.transformer.ln_f.bias.add_(3.0 * torch.randn_like(model.transformer.ln_f.bias))
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def _project_with_pool(n_train=4, n_eval=N_EVAL):
+    project = make_project(rubric="Correct sums win; be brief.")
+    for split, count in (("train", n_train), ("eval", n_eval)):
+        for i in range(count):
+            text = f"What is {i} + {i + 3}? ({split})"
+            Prompt.objects.create(
+                project=project,
+                text=text,
+                content_hash=content_hash(text),
+                in_pool=True,
+                split=split,
+            )
+    return project
+
+
+def _settings(**evaluation):
+    return LoopSettings(
+        path="dpo",
+        prompt_source="pool",
+        generation={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 6},
+        evaluation={"n_prompts": N_EVAL, "seed": 3, **evaluation},
+    )
+
+
+@pytest.fixture
+def lineage(tmp_path, tiny_policy_dir, tiny_reward_dir):
+    """A project with a base policy (round 1), a changed child, and a trained reward model."""
+    project = _project_with_pool()
+    base = ModelVersion.objects.create(
+        name="base", artifact_path=str(tiny_policy_dir), project=project
+    )
+    round_ = make_round(project)
+    round_.model_version = base
+    round_.save(update_fields=["model_version"])
+    child = ModelVersion.objects.create(
+        name="child",
+        artifact_path=str(_perturbed_copy(tiny_policy_dir, tmp_path / "child")),
+        parent=base,
+        project=project,
+    )
+    run = TrainingRun.objects.create(recipe="reward", project=project, status="succeeded")
+    reward = ModelVersion.objects.create(
+        name="rm", kind="reward", artifact_path=str(tiny_reward_dir), training_run=run
+    )
+    return project, base, child, reward
+
+
+def test_reward_model_judge_kl_and_text_statistics_are_stored(lineage):
+    project, base, child, reward = lineage
+    settings = _settings()
+
+    record = policy_evaluate(policy=child, project=project, settings=settings)
+
+    # Nothing promoted yet: the previous policy is the parent, which is also the base.
+    assert record["previous_id"] == base.pk and record["base_id"] == base.pk
+    rows = list(PolicyEvaluation.objects.filter(policy=child))
+    assert [(r.judge_kind, r.opponent_id) for r in rows] == [("reward_model", base.pk)]
+    verdict = rows[0]
+    assert verdict.n_prompts == N_EVAL
+    assert verdict.wins + verdict.ties + verdict.losses == N_EVAL
+    assert verdict.win_rate == pytest.approx((verdict.wins + verdict.ties / 2) / N_EVAL)
+    assert verdict.ci_low <= verdict.win_rate <= verdict.ci_high
+    assert verdict.details["role"] == "previous+base"
+
+    # Re-score the same answers with the reward model: every per-prompt outcome agrees.
+    prompts = evaluation_prompts(project=project, settings=settings)
+    assert {p.key for p in prompts} == set(
+        Prompt.objects.filter(project=project, split="eval").values_list("content_hash", flat=True)
+    )
+    new = policy_answers(version=child, prompts=prompts, settings=settings)
+    old = policy_answers(version=base, prompts=prompts, settings=settings)
+    expected = []
+    for p, a, b in zip(prompts, new, old, strict=True):
+        score_a, score_b = reward_scores(reward.artifact_path, p.prompt, [a, b])
+        expected.append("tie" if score_a == score_b else ("win" if score_a > score_b else "loss"))
+    assert verdict.details["outcomes"] == expected
+
+    # The child moved away from its parent: KL > 0, measured on its own answers.
+    generation = child.eval_results["generation"]
+    assert generation["kl_reference"]["available"] is True
+    assert generation["kl_reference"]["value"] > 0
+    assert generation["kl_base"]["value"] == pytest.approx(generation["kl_reference"]["value"])
+    assert generation["stats"] == text_stats(new)
+    assert generation["opponent_stats"][str(base.pk)] == text_stats(old)
+    assert [s["answer"] for s in generation["samples"]] == new
+
+    # Evaluated again: one set of rows, not two.
+    policy_evaluate(policy=child, project=project, settings=settings)
+    assert PolicyEvaluation.objects.filter(policy=child).count() == 1
+
+
+def test_kl_of_a_policy_against_itself_is_zero(lineage):
+    project, base, child, _reward = lineage
+    settings = _settings()
+    prompts = evaluation_prompts(project=project, settings=settings)
+    answers = policy_answers(version=child, prompts=prompts, settings=settings)
+    same = sequence_kl(
+        policy_path=child.artifact_path,
+        reference_path=child.artifact_path,
+        prompts=prompts,
+        answers=answers,
+    )
+    assert same["value"] == 0.0 and same["per_answer"] == [0.0] * N_EVAL
+    changed = sequence_kl(
+        policy_path=child.artifact_path,
+        reference_path=base.artifact_path,
+        prompts=prompts,
+        answers=answers,
+    )
+    assert changed["value"] > 0
+
+
+def test_an_empty_evaluation_split_is_refused_by_name():
+    project = _project_with_pool(n_eval=0)
+    with pytest.raises(EvaluationUnavailable, match="no evaluation prompts"):
+        evaluation_prompts(project=project, settings=_settings())
+
+
+def test_evaluation_settings_refuse_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError, match="unknown evaluation setting"):
+        _settings(judges=3)
+    with pytest.raises(ValueError, match="n_prompts"):
+        _settings(n_prompts=0)
+    with pytest.raises(ValueError, match="llm_judge"):
+        _settings(llm_judge={"url": "http://evil"})
+
+
+def test_llm_judge_through_the_real_served_endpoint(settings, served_policy, lineage):
+    project, base, child, _reward = lineage
+    base_url, model = served_policy
+    settings.PREFLOOP_GENERATION_ENDPOINTS = {
+        "judge": {"base_url": base_url, "models": [model], "timeout_seconds": 120}
+    }
+    loop_settings = _settings(
+        reward_models=0, llm_judge={"endpoint": "judge", "model": model, "max_new_tokens": 4}
+    )
+
+    policy_evaluate(policy=child, project=project, settings=loop_settings)
+
+    verdict = PolicyEvaluation.objects.get(policy=child)
+    assert verdict.judge_kind == "llm" and verdict.opponent_id == base.pk
+    assert verdict.wins + verdict.ties + verdict.losses == N_EVAL
+    details = verdict.details
+    assert details["judge"]["rubric"] == project.rubric
+    assert details["agreed"] + details["disagreed"] + details["unparseable"] == N_EVAL
+    # Every prompt was asked in both orders; orders that disagree (or say nothing) are ties.
+    for outcome, exchange in zip(details["outcomes"], details["verdicts"], strict=True):
+        assert [e["order"] for e in exchange["exchanges"]] == ["original", "swapped"]
+        assert (
+            project.rubric in exchange["exchanges"][0]["request"]["body"]["messages"][0]["content"]
+        )
+        if exchange["outcome"] != "agreed":
+            assert outcome == "tie"
