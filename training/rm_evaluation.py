@@ -401,3 +401,29 @@ def reward_model_normalisation_freeze(
     }
     version.save(update_fields=["eval_results"])
     return normalisation
+
+
+def reward_model_test_split_evaluate(*, version, dataset_version, seed: int = 0) -> dict | None:
+    """Evaluate a reward model on its dataset version's held-out test split and store it.
+
+    Returns the report (also saved as ``eval_results["rm_metrics"]`` with ``split: "test"``),
+    or None when the export has no test pairs.
+    """
+    path = Path(dataset_version.path) / "test.jsonl"
+    if not path.is_file():
+        return None
+    pairs, summary = read_pairs(path, "trl")
+    if not pairs:
+        return None
+    report, rendering = reward_model_evaluate(
+        model_dir=version.artifact_path, pairs=pairs, fmt="trl", seed=seed
+    )
+    report = {
+        **report,
+        "split": "test",
+        "dataset_version_id": dataset_version.pk,
+        "file_sha256": summary["sha256"],
+        "rendering": rendering,
+    }
+    reward_model_evaluation_save(version=version, report=report)
+    return report
