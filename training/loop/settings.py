@@ -54,6 +54,19 @@ class LoopSettings:
     dpo: dict = field(default_factory=dict, metadata={"help": "DPO recipe overrides."})
     reward: dict = field(default_factory=dict, metadata={"help": "Reward recipe overrides."})
     ppo: dict = field(default_factory=dict, metadata={"help": "PPO recipe overrides."})
+    evaluation: dict = field(
+        default_factory=dict,
+        metadata={"help": "Evaluation of each new policy; keys and defaults: EVALUATION_DEFAULTS."},
+    )
+    gate: dict = field(
+        default_factory=dict,
+        metadata={"help": "Promotion gate criteria; keys and defaults: GATE_DEFAULTS."},
+    )
+
+    def __post_init__(self):
+        # Fill every evaluation and gate key, so readers (the guards too) never guess.
+        self.evaluation = evaluation_settings_check(self.evaluation)
+        self.gate = gate_settings_check(self.gate)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> LoopSettings:
@@ -121,3 +134,93 @@ PPO_DEFAULTS: dict[str, Any] = {
     "save_steps": 200,
     "logging_steps": 5,
 }
+
+
+# How the loop evaluates each new policy (training.policy_eval).
+EVALUATION_DEFAULTS: dict[str, Any] = {
+    # Prompts of the pool's evaluation split answered by each policy (the demo: held-out ones).
+    "n_prompts": 32,
+    "seed": 0,
+    # Temperature 1: the answers are samples of the policy itself, as the KL estimate needs.
+    "temperature": 1.0,
+    "max_new_tokens": 0,  # 0: the loop's generation max_new_tokens
+    "reward_models": 1,  # how many of the project's newest reward models judge
+    # {"endpoint": <declared endpoint name>, "model": <one of its models>} (optionally
+    # "max_new_tokens" of the judge's replies), or None.
+    "llm_judge": None,
+    # Open a human evaluation round (new vs previous) on the evaluation prompts.
+    "human_round": False,
+}
+
+# The promotion gate (training.loop.gate). `kl_budget` is the one home of the KL budget: the
+# reward-hacking guards read it from here.
+GATE_DEFAULTS: dict[str, Any] = {
+    # Lower end of the 95% prompt-clustered CI of the win rate vs the previous promoted
+    # policy, for every judge in `win_rate_judges` that evaluated it (None: not checked).
+    "min_win_rate_ci_low": 0.5,
+    # The demo's programmatic reward stays a report: the gate does not read it by default.
+    "win_rate_judges": ["reward_model", "llm", "human"],
+    # Sequence-level KL (nats) of the new policy to its reference (its parent). A generous
+    # default: a project should set its own.
+    "kl_budget": 20.0,
+    # Mean answer length of the new policy over the previous one's (length hacking).
+    "max_length_ratio": 2.0,
+    # Held-out (test split) accuracy of the reward model trained in the iteration (rm_ppo).
+    "min_rm_accuracy": 0.5,
+}
+JUDGE_KINDS = ("reward_model", "llm", "human", "programmatic")
+
+
+def _merged(values: Any, defaults: dict[str, Any], name: str) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        raise ValueError(f"{name} must be an object")
+    unknown = set(values) - set(defaults)
+    if unknown:
+        raise ValueError(f"unknown {name} setting(s): {', '.join(sorted(unknown))}")
+    return {**defaults, **values}
+
+
+def _number_or_none(values: dict, key: str, name: str, *, low: float = 0.0) -> None:
+    value = values[key]
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
+        raise ValueError(f"{name}.{key} must be a number >= {low:g} or null")
+
+
+def evaluation_settings_check(values: Any) -> dict[str, Any]:
+    """Return the evaluation settings with defaults filled in; raise ValueError naming a key."""
+    merged = _merged(values, EVALUATION_DEFAULTS, "evaluation")
+    for key in ("n_prompts", "reward_models", "max_new_tokens", "seed"):
+        value = merged[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"evaluation.{key} must be a whole number >= 0")
+    if merged["n_prompts"] < 1:
+        raise ValueError("evaluation.n_prompts must be at least 1")
+    _number_or_none(merged, "temperature", "evaluation")
+    judge = merged["llm_judge"]
+    if judge is not None and (
+        not isinstance(judge, dict)
+        or not {"endpoint", "model"} <= set(judge) <= {"endpoint", "model", "max_new_tokens"}
+        or not all(isinstance(judge[k], str) and judge[k] for k in ("endpoint", "model"))
+        or not isinstance(judge.get("max_new_tokens", 1), int)
+        or judge.get("max_new_tokens", 1) < 1
+    ):
+        raise ValueError(
+            'evaluation.llm_judge must be null or {"endpoint": <declared endpoint name>, '
+            '"model": <one of its models>, optionally "max_new_tokens": <whole number>}'
+        )
+    if not isinstance(merged["human_round"], bool):
+        raise ValueError("evaluation.human_round must be true or false")
+    return merged
+
+
+def gate_settings_check(values: Any) -> dict[str, Any]:
+    """Return the gate criteria with defaults filled in; raise ValueError naming a key."""
+    merged = _merged(values, GATE_DEFAULTS, "gate")
+    for key in ("min_win_rate_ci_low", "kl_budget", "max_length_ratio", "min_rm_accuracy"):
+        _number_or_none(merged, key, "gate")
+    judges = merged["win_rate_judges"]
+    if not isinstance(judges, list) or not set(judges) <= set(JUDGE_KINDS):
+        raise ValueError(f"gate.win_rate_judges must be a list of: {', '.join(JUDGE_KINDS)}")
+    return merged
