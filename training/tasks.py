@@ -43,3 +43,31 @@ def requeue_stale_runs() -> list[int]:
     started = services.broker_started_at()
     lost = services.training_runs_requeue_lost(broker_started_at=started) if started else []
     return services.training_runs_requeue_stale() + lost
+
+
+class GenerationTask(Task):
+    """Record a generation task's final failure on its job; the job opens no round."""
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        from training import rounds
+
+        job_id = kwargs.get("job_id", args[0] if args else None)
+        if job_id is not None:
+            rounds.generation_job_fail(job_id=job_id, error=f"The generation task crashed: {exc!r}")
+
+
+@shared_task(
+    base=GenerationTask,
+    queue="gpu",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=5,
+    max_retries=5,
+)
+def run_generation_job(job_id: int) -> str | None:
+    """Generate a round from registered policies; a finished job is left alone."""
+    from training import rounds
+
+    job = rounds.generation_job_run(job_id=job_id)
+    return job.status if job is not None else None

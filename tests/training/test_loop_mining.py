@@ -15,7 +15,8 @@ import pytest
 from annotation.imports import content_hash
 from annotation.models import DatasetVersion, Judgment, Prompt, Round
 from tests.factories import make_items, make_project, make_round, make_user
-from training import loop
+from training import loop, rounds
+from training.loop import control
 from training.models import ModelVersion, TrainingRun
 from training.scoring import reward_scores
 
@@ -75,13 +76,20 @@ def register_reward_model(project, path, *, dataset_version=None) -> ModelVersio
 def add_pool_prompts(project, n: int) -> list[str]:
     texts = [f"Unused pool prompt {project.pk}-{i}?" for i in range(n)]
     for text in texts:
-        Prompt.objects.create(project=project, text=text, content_hash=content_hash(text))
+        Prompt.objects.create(
+            project=project, text=text, content_hash=content_hash(text), in_pool=True
+        )
     return texts
 
 
 def pool_settings(mode: str, *, n: int = 10, random_share: float = 0.3) -> loop.LoopSettings:
     return loop.LoopSettings(
-        prompt_source="pool", n_prompts=n, random_share=random_share, hard_mining=mode, seed=3
+        path="dpo",
+        prompt_source="pool",
+        n_prompts=n,
+        random_share=random_share,
+        hard_mining=mode,
+        seed=3,
     )
 
 
@@ -96,11 +104,16 @@ def fresh_only(project) -> list[str]:
     return loop.prompts_select(project=project, settings=pool_settings(""))
 
 
-def assert_hard_then_fresh(chosen: list[str], expected_hard: list[str], n: int) -> None:
+def key(prompt) -> str:
+    """A chosen prompt (text, or chat messages) as a comparable string."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def assert_hard_then_fresh(chosen: list, expected_hard: list, n: int) -> None:
     assert len(chosen) == n
-    assert len(set(chosen)) == n, "a prompt was chosen twice"
+    assert len({key(p) for p in chosen}) == n, "a prompt was chosen twice"
     assert chosen[: len(expected_hard)] == expected_hard
-    assert set(chosen[len(expected_hard) :]).isdisjoint(expected_hard)
+    assert {key(p) for p in chosen[len(expected_hard) :]}.isdisjoint(map(key, expected_hard))
 
 
 # --------------------------------------------------------------------------- rm_margin
@@ -120,8 +133,9 @@ def test_rm_margin_puts_the_smallest_score_gaps_first_and_keeps_the_random_share
     margins = []
     for item in items[1:]:
         scores = candidate_scores(tiny_reward_dir, item)
-        margins.append((max(scores) - min(scores), item.prompt.text))
-    expected = [text for _, text in sorted(margins)][:7]
+        # A chat prompt is chosen as its messages, as the policy is asked it.
+        margins.append((max(scores) - min(scores), item.prompt.messages or item.prompt.text))
+    expected = [prompt for _, prompt in sorted(margins, key=lambda m: m[0])][:7]
 
     # When 10 prompts are chosen with 30% kept random
     chosen = loop.prompts_select(project=project, settings=pool_settings("rm_margin"))
@@ -379,7 +393,7 @@ def test_generate_round_now_mines_the_last_labelled_round_with_the_two_newest_mo
         captured["prompts"] = prompts
         return Round.objects.get(project=project, number=2)
 
-    monkeypatch.setattr(loop.steps, "round_generate", fake_round_generate)
+    monkeypatch.setattr(rounds, "round_generate", fake_round_generate)
 
     loop.generate_round_now(
         project_id=project.pk,
@@ -403,25 +417,22 @@ def schedule_of(project):
 
 def test_loop_schedule_set_creates_one_task_and_updates_it_on_a_second_call():
     project = make_project()
-    first = pool_settings("human_rm")
 
-    loop.loop_schedule_set(project=project, settings=first, every_seconds=30)
-    second = loop.LoopSettings(path="rm_ppo", n_prompts=64, hard_mining="rm_margin")
-    loop.loop_schedule_set(project=project, settings=second, every_seconds=120)
+    loop.loop_schedule_set(project=project, every_seconds=30)
+    loop.loop_schedule_set(project=project, every_seconds=120)
 
     assert schedule_of(project).count() == 1
     task = schedule_of(project).get()
     assert task.task == loop.LOOP_TASK
     assert task.enabled
     assert task.interval.every == 120
-    kwargs = json.loads(task.kwargs)
-    assert kwargs["project_id"] == project.pk
-    assert loop.LoopSettings.from_dict(kwargs["settings"]) == second
+    # The schedule carries only the project: the settings live on the project's Loop row.
+    assert json.loads(task.kwargs) == {"project_id": project.pk}
 
 
 def test_loop_schedule_pause_disables_and_resume_enables_it():
     project = make_project()
-    loop.loop_schedule_set(project=project, settings=loop.LoopSettings())
+    loop.loop_schedule_set(project=project)
 
     assert loop.loop_schedule_pause(project=project, paused=True) is True
     assert schedule_of(project).get().enabled is False
@@ -432,7 +443,7 @@ def test_loop_schedule_pause_disables_and_resume_enables_it():
 def test_pausing_a_project_without_a_schedule_returns_false():
     project = make_project()
     other = make_project()
-    loop.loop_schedule_set(project=other, settings=loop.LoopSettings())
+    loop.loop_schedule_set(project=other)
 
     assert loop.loop_schedule_pause(project=project, paused=True) is False
     assert not schedule_of(project).exists()
@@ -443,7 +454,8 @@ def test_the_scheduled_task_is_registered_and_accepts_the_schedule_kwargs():
     from config.celery import app
 
     project = make_project()
-    task = loop.loop_schedule_set(project=project, settings=pool_settings("rm_margin"))
+    control.loop_create(project=project, settings=pool_settings("rm_margin").to_dict())
+    task = loop.loop_schedule_set(project=project)
 
     # As a worker or beat does at start-up: import the modules autodiscovery names.
     app.loader.import_default_modules()
@@ -458,19 +470,21 @@ def test_a_tick_queued_before_a_pause_does_nothing():
 
     project = make_project()
     make_items(project, 2)
-    task = loop.loop_schedule_set(project=project, settings=pool_settings("rm_margin"))
+    control.loop_create(project=project, settings=pool_settings("rm_margin").to_dict())
+    task = loop.loop_schedule_set(project=project)
     kwargs = json.loads(task.kwargs)
     assert loop_tick(**kwargs) == [("wait", "waiting", "round 1 needs more labels")]
-    loop.loop_schedule_pause(project=project)
-    assert loop_tick(**kwargs) == [("tick", "skipped", "the project's loop schedule is paused")]
+    control.loop_pause(project=project)
+    assert loop_tick(**kwargs) == [("tick", "skipped", "the project's loop is paused")]
 
 
 @pytest.mark.parametrize(
     "values, message",
     [
-        ({"hard_mining": "margin"}, "hard_mining must be one of"),
-        ({"random_share": 1.5}, "random_share must be between 0 and 1"),
+        ({"path": "dpo", "hard_mining": "margin"}, "hard_mining must be one of"),
+        ({"path": "dpo", "random_share": 1.5}, "random_share must be between 0 and 1"),
         ({"path": "ppo"}, "path must be"),
+        ({"n_prompts": 3}, "path must be chosen"),
         ({"n_prompt": 3}, "unknown loop setting"),
     ],
 )

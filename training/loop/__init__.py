@@ -24,12 +24,11 @@ from training.loop.settings import DPO_DEFAULTS, PPO_DEFAULTS, REWARD_DEFAULTS, 
 from training.loop.steps import (
     LoopState,
     Step,
-    generate_round_now,
     loop_advance,
     loop_key,
     loop_ready,
-    round_generate,
 )
+from training.rounds import generate_round_now, round_generate
 
 __all__ = [
     "DPO_DEFAULTS",

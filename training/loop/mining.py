@@ -7,6 +7,7 @@ needs (newest first).
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Count, Exists, OuterRef, Prefetch, Q
 
 from annotation.models import Item, ItemCandidate, Judgment, Project, Prompt, Round
+from annotation.prompt_pool import PromptPayload, prompt_payload, prompt_pool_draw
 from training.models import ModelVersion
 
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ def prompts_select(
     project: Project,
     settings: LoopSettings,
     reward_models: list[ModelVersion] | None = None,
-) -> list[str]:
+) -> list[PromptPayload]:
     """Return the prompts of the next round: fresh ones, optionally mixed with hard examples.
 
     With `settings.hard_mining`, `round(n * (1 - random_share))` of the n prompts are hard
@@ -71,7 +73,7 @@ def prompts_select(
     exist, fresh ones fill the round. No fresh prompt repeats a hard one.
 
     `reward_models` are the reward models to mine with, newest first; when not given they are
-    looked up in the project.
+    looked up in the project. A prompt is its text, or its chat messages for a chat prompt.
     """
     rng = random.Random(settings.seed + Round.objects.filter(project=project).count())
     n = settings.n_prompts
@@ -80,23 +82,28 @@ def prompts_select(
     hard = _hard_prompts(project=project, settings=settings, n=n_hard, reward_models=reward_models)
     # Ask for n fresh prompts: those equal to a hard one are dropped, the rest still fill n.
     fresh = _fresh_prompts(project=project, settings=settings, n=n, rng=rng)
-    taken = set(hard)
-    return (hard + [p for p in fresh if p not in taken])[:n]
+    taken = {_prompt_key(p) for p in hard}
+    return (hard + [p for p in fresh if _prompt_key(p) not in taken])[:n]
 
 
-def _fresh_prompts(*, project: Project, settings: LoopSettings, n: int, rng) -> list[str]:
+def _prompt_key(prompt: PromptPayload) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def _fresh_prompts(*, project: Project, settings: LoopSettings, n: int, rng) -> list[PromptPayload]:
+    """Return n fresh prompts: demo prompts, or the pool's train split, least used first.
+
+    The pool's evaluation split is never drawn here: no training round uses it.
+    """
     if settings.prompt_source == "demo":
         from training import demo
 
         used = Round.objects.filter(project=project).count()
         return demo.generate_prompts(n, seed=settings.seed * 1000 + used, split="train")
-    texts = list(
-        project.prompts.annotate(n_items=Count("items"))
-        .order_by("n_items", "id")
-        .values_list("text", flat=True)[: n * 3]
+    drawn = prompt_pool_draw(
+        project=project, n=n, split=Prompt.Split.TRAIN, seed=rng.randrange(2**31)
     )
-    rng.shuffle(texts)
-    return [t for t in texts if t][:n]
+    return [prompt_payload(p) for p in drawn]
 
 
 def _hard_prompts(
@@ -105,7 +112,7 @@ def _hard_prompts(
     settings: LoopSettings,
     n: int,
     reward_models: list[ModelVersion] | None = None,
-) -> list[str]:
+) -> list[PromptPayload]:
     """Return up to n distinct prompt texts of the newest round with items, hardest first.
 
     Modes (`settings.hard_mining`), over the round's non-gold items:
@@ -132,7 +139,7 @@ def _hard_prompts(
         logger.warning("unknown hard_mining mode %r: no hard prompts", mode)
         return []
     round_ = (
-        Round.objects.filter(project=project)
+        Round.objects.filter(project=project, purpose=Round.Purpose.TRAIN)
         .filter(Exists(Item.objects.filter(round=OuterRef("pk"), is_gold=False)))
         .order_by("-number")
         .first()
@@ -150,15 +157,17 @@ def _hard_prompts(
     return _distinct_texts(strategy.rank(round_, list(reward_models or [])))[:n]
 
 
-def _distinct_texts(prompts: list[Prompt]) -> list[str]:
-    """Return the prompts' texts in order, without blanks or repeats."""
-    texts: list[str] = []
+def _distinct_texts(prompts: list[Prompt]) -> list[PromptPayload]:
+    """Return the prompts (texts, or messages of chat prompts) in order, without repeats."""
+    payloads: list[PromptPayload] = []
     seen: set[str] = set()
     for prompt in prompts:
-        if prompt.text and prompt.text not in seen:
-            seen.add(prompt.text)
-            texts.append(prompt.text)
-    return texts
+        payload = prompt_payload(prompt)
+        key = _prompt_key(payload)
+        if payload and key not in seen:
+            seen.add(key)
+            payloads.append(payload)
+    return payloads
 
 
 def _round_items(round_: Round) -> list[Item]:

@@ -16,21 +16,16 @@ failed step can be retried alone and a researcher can pause the schedule.
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 from dataclasses import dataclass, field
 
 from django.db import transaction
 
 from annotation import services as annotation_services
-from annotation.imports import ImportFailed, items_import, normalise
 from annotation.models import Judgment, Project, Round
-from training.generation import GenerationSettings
-from training.generation.endpoints import candidates_generate
-from training.loop.mining import prompts_select, reward_models_newest
 from training.loop.settings import DPO_DEFAULTS, PPO_DEFAULTS, REWARD_DEFAULTS, LoopSettings
 from training.models import ModelVersion, TrainingRun
+from training.rounds import generate_round_now
 
 logger = logging.getLogger(__name__)
 
@@ -55,100 +50,6 @@ class LoopState:
 
 def loop_key(round_: Round) -> str:
     return f"loop-{round_.project_id}-r{round_.number}"
-
-
-# --------------------------------------------------------------------------- generate
-
-
-def round_generate(
-    *,
-    project: Project,
-    model_version: ModelVersion,
-    prompts: list[str],
-    settings: LoopSettings,
-    mix_with: ModelVersion | None = None,
-    source_key: str,
-) -> Round:
-    """Open a round of K candidates per prompt from a policy; a repeated call returns it.
-
-    With `mix_with`, one of the K candidates comes from that (e.g. previous) version, so the
-    comparisons span versions. Prompts whose K answers are not all distinct are left out.
-    """
-    round_ = annotation_services.round_create(
-        project=project, model_version=model_version, source_key=source_key
-    )
-    if round_.items.exists():
-        return round_
-    gen = GenerationSettings(**{**settings.generation, "seed": settings.seed})
-    k = project.k
-    from_new = k - 1 if (mix_with is not None and k > 1) else k
-    # Oversample so that duplicates can be dropped and K distinct answers remain.
-    # A backend failure (e.g. an endpoint that does not answer) raises before anything is
-    # imported, so the round stays without items: nothing half made is served.
-    new = candidates_generate(
-        model_version=model_version, prompts=prompts, k=from_new * 2, settings=gen
-    )
-    old = (
-        candidates_generate(model_version=mix_with, prompts=prompts, k=2, settings=gen)
-        if from_new < k
-        else [[] for _ in prompts]
-    )
-    rows = _rows_of_distinct_answers(prompts, new, old, k=k, from_new=from_new)
-    with transaction.atomic():
-        Round.objects.select_for_update().filter(pk=round_.pk).first()
-        if round_.items.exists():
-            return round_
-        while rows:
-            try:
-                items_import(
-                    project=project,
-                    stream=io.StringIO("\n".join(json.dumps(r) for r in rows)),
-                    round_=round_,
-                )
-                break
-            except ImportFailed as exc:
-                # Leave out the prompts the importer refuses (e.g. a pair already asked).
-                bad = {line for line, _ in exc.errors if line > 0}
-                if not bad:
-                    raise
-                logger.warning(
-                    "round %s: leaving out %d prompt(s) the importer refused (%s); "
-                    "importing the others",
-                    round_.number,
-                    len(bad),
-                    "; ".join(f"line {line}: {error}" for line, error in exc.errors[:3]),
-                )
-                rows = [row for i, row in enumerate(rows, start=1) if i not in bad]
-    logger.info(
-        "round %s: %d of %d prompts had %d distinct answers",
-        round_.number,
-        len(rows),
-        len(prompts),
-        k,
-    )
-    return round_
-
-
-def _rows_of_distinct_answers(
-    prompts: list[str], new: list[list[dict]], old: list[list[dict]], *, k: int, from_new: int
-) -> list[dict]:
-    """Return import rows of the prompts that got k distinct answers (k - from_new old ones)."""
-    rows = []
-    for prompt, new_c, old_c in zip(prompts, new, old, strict=True):
-        picked, seen = [], set()
-        for cand in old_c[: k - from_new] + new_c:
-            key = normalise(cand["text"])
-            if not key or key in seen:
-                continue
-            if cand in old_c and len([c for c in picked if c in old_c]) >= k - from_new:
-                continue
-            if cand in new_c and len([c for c in picked if c in new_c]) >= from_new:
-                continue
-            seen.add(key)
-            picked.append(cand)
-        if len(picked) == k:
-            rows.append({"prompt": prompt, "candidates": picked})
-    return rows
 
 
 # --------------------------------------------------------------------------- iteration
@@ -417,24 +318,3 @@ def _generate_step(project, learned_from: Round, policy, settings, state, sync) 
     state.add("generate", "done", f"round {round_.number}: {round_.items.count()} items")
     return state
 
-
-def generate_round_now(
-    *, project_id: int, model_version_id: int, source_key: str, settings: dict
-) -> Round:
-    """Choose prompts and generate the round keyed by source_key (idempotent)."""
-    project = Project.objects.get(pk=project_id)
-    policy = ModelVersion.objects.get(pk=model_version_id)
-    loop_settings = LoopSettings.from_dict(settings)
-    prompts = prompts_select(
-        project=project,
-        settings=loop_settings,
-        reward_models=reward_models_newest(project=project),
-    )
-    return round_generate(
-        project=project,
-        model_version=policy,
-        prompts=prompts,
-        settings=loop_settings,
-        mix_with=policy.parent if loop_settings.mix_previous else None,
-        source_key=source_key,
-    )
