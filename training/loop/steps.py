@@ -105,7 +105,8 @@ def _dataset(round_: Round, settings: LoopSettings, key: str):
                 "ties": "drop",
                 "both_bad": "drop",
                 "rounds": rounds,
-                "split": {"train": 0.9, "validation": 0.1, "test": 0.0},
+                # A held-out human test split: the reward model trained here is scored on it.
+                "split": {"train": 0.8, "validation": 0.1, "test": 0.1},
                 "seed": settings.seed,
                 "hf": False,
             },
@@ -216,9 +217,14 @@ def loop_advance(
     if run is None:
         return state
     policy = ModelVersion.objects.get(training_run=run)
-    _evaluate_step(policy, state)
+    evaluation_error = _evaluate_step(project, policy, settings, state)
+    _gate_step(policy, settings, state, evaluation_error)
     annotation_services.round_close(round_=round_)
-    return _generate_step(project, round_, policy, settings, state, sync)
+    # The next round comes from the last promoted policy (this one if the gate passed it).
+    from training.loop.gate import policy_current
+
+    source = policy_current(project=project) or policy
+    return _generate_step(project, round_, source, settings, state, sync)
 
 
 def _train_policy(
@@ -254,6 +260,7 @@ def _train_policy(
         )
         if rm_run is None:
             return None
+        _reward_model_check_step(rm_run.model_version, dataset, parent, settings, state)
         reward_path = rm_run.model_version.artifact_path
         ppo_config = {
             **PPO_DEFAULTS,
@@ -273,23 +280,113 @@ def _train_policy(
     return run
 
 
-def _evaluate_step(policy: ModelVersion, state: LoopState) -> None:
-    if "true_reward" in policy.eval_results:
-        state.add("evaluate", "done", f"true reward {policy.eval_results['true_reward']:.3f}")
+def _reward_model_check_step(reward_model, dataset, parent, settings, state) -> None:
+    """Score the new reward model on the export's held-out test split; freeze its normalisation.
+
+    The normalisation (mean 0, std 1 on the reference policy's answers) is what PPO reads.
+    """
+    from annotation.errors import Conflict
+    from training.rm_evaluation import (
+        reward_model_normalisation_freeze,
+        reward_model_test_split_evaluate,
+    )
+
+    report = reward_model.eval_results.get("rm_metrics") or {}
+    if report.get("split") != "test":
+        try:
+            report = (
+                reward_model_test_split_evaluate(
+                    version=reward_model, dataset_version=dataset, seed=settings.seed
+                )
+                or {}
+            )
+        except (ValueError, RuntimeError) as exc:
+            state.add("rm_test", "failed", f"reward model {reward_model.pk}: {exc}"[:300])
+            report = {}
+    if report.get("split") == "test":
+        state.add(
+            "rm_test",
+            "done",
+            f"reward model {reward_model.pk} on {report['n_pairs']} held-out test pairs: "
+            f"accuracy {report['accuracy']:.3f}, NLL {report['nll']:.3f}, "
+            f"AUC {_num(report.get('roc_auc'))}, ECE {_num(report.get('ece'))}",
+        )
+    elif not report:
+        state.add("rm_test", "skipped", f"dataset v{dataset.version} has no test pairs")
+    calibration = reward_model.eval_results.get("calibration") or {}
+    if calibration.get("normalisation"):
         return
     try:
+        frozen = reward_model_normalisation_freeze(version=reward_model, policy_version=parent)
+    except Conflict as exc:
+        state.add("rm_normalise", "skipped", exc.message[:300])
+        return
+    state.add(
+        "rm_normalise",
+        "done",
+        f"mean {frozen['mean']:.3f} std {frozen['std']:.3f} on {frozen['n_answers']} answers",
+    )
+
+
+def _num(value) -> str:
+    return f"{value:.3f}" if isinstance(value, int | float) else "n/a"
+
+
+def _evaluate_step(project, policy: ModelVersion, settings, state: LoopState) -> str:
+    """Evaluate the new policy once (judges, KL, text statistics); return an error or ''."""
+    from annotation.errors import ServiceError
+    from training.generation.base import GenerationError
+    from training.policy_eval import policy_evaluate, policy_evaluated
+
+    if not policy_evaluated(policy):
+        try:
+            policy_evaluate(policy=policy, project=project, settings=settings)
+        except (ServiceError, GenerationError) as exc:
+            message = getattr(exc, "message", None) or str(exc)
+            state.add("evaluate", "failed", message[:300])
+            return message
+    if settings.prompt_source == "demo" and "true_reward" not in policy.eval_results:
+        # The demo also keeps its programmatic reward of the policy alone, as a report.
         from training.demo_eval import policy_true_reward
 
-        result = policy_true_reward(policy.artifact_path)
-    except ValueError as exc:  # not the demo domain: the reward model metrics stand
-        state.add("evaluate", "skipped", str(exc)[:200])
-        return
-    policy.eval_results = {**policy.eval_results, **result}
-    policy.save(update_fields=["eval_results"])
-    low, high = result["true_reward_ci95"]
-    state.add(
-        "evaluate", "done", f"true reward {result['true_reward']:.3f} [{low:.3f}, {high:.3f}]"
+        result = policy_true_reward(policy.artifact_path, seed=settings.seed)
+        policy.refresh_from_db(fields=["eval_results"])
+        policy.eval_results = {**policy.eval_results, **result}
+        policy.save(update_fields=["eval_results"])
+    state.add("evaluate", "done", _evaluation_summary(policy))
+    return ""
+
+
+def _evaluation_summary(policy: ModelVersion) -> str:
+    from training.models import PolicyEvaluation
+
+    generation = policy.eval_results.get("generation") or {}
+    parts = []
+    for verdict in PolicyEvaluation.objects.filter(
+        policy=policy, opponent_id=generation.get("previous_id")
+    ).order_by("judge_kind", "judge"):
+        parts.append(
+            f"{verdict.judge}: {verdict.wins}/{verdict.ties}/{verdict.losses} "
+            f"win rate {_num(verdict.win_rate)} [{_num(verdict.ci_low)}, {_num(verdict.ci_high)}]"
+        )
+    kl = generation.get("kl_reference") or {}
+    parts.append(f"KL to reference {_num(kl.get('value')) if kl.get('available') else 'n/a'}")
+    stats = generation.get("stats") or {}
+    parts.append(
+        f"length {_num(stats.get('mean_length'))}, distinct-2 {_num(stats.get('distinct_2'))}"
     )
+    if "true_reward" in policy.eval_results:
+        parts.append(f"true reward {policy.eval_results['true_reward']:.3f}")
+    return "; ".join(parts)[:1000]
+
+
+def _gate_step(policy: ModelVersion, settings, state: LoopState, evaluation_error: str) -> None:
+    """Promote the policy if it passes the gate; otherwise keep it unpromoted."""
+    from training.loop.gate import policy_gate
+
+    decided = policy_gate(policy=policy, settings=settings, evaluation_error=evaluation_error)
+    who = "by hand" if decided.promoted_by_id else "by the gate"
+    state.add("gate", "done", f"{decided.promotion} {who}: {decided.promotion_reason}"[:1000])
 
 
 def _generate_step(project, learned_from: Round, policy, settings, state, sync) -> LoopState:
