@@ -176,6 +176,7 @@ def project_labels(request: HttpRequest, project_id: int) -> HttpResponse:
         "position-bias": lambda: labels.position_bias_panel(data),
         "agreement": lambda: annotators.agreement_panel(data),
         "consensus": lambda: annotators.annotator_agreement_panel(data),
+        "ai-agreement": lambda: annotators.ai_agreement_panel(data),
         "annotators": lambda: annotators.annotator_quality_panel(data),
         "disagreements": lambda: annotators.disagreement_panel(data),
     }

@@ -6,6 +6,7 @@ from annotation.models import Membership, TaskKind
 from config.console.dashboard.data import ProjectData
 from config.console.dashboard.panel import Panel, clip, empty, format_cell, messages_text, number
 from config.console.dashboard.specs import ForestChart, ForestSeries
+from evaluation.ai_agreement import ai_agreement_by_annotator
 from evaluation.stats import quality
 
 AGREEMENT_METRICS = (
@@ -138,6 +139,62 @@ def annotator_agreement_panel(data: ProjectData) -> Panel:
         ),
         note="Each annotator against the consensus of the others on the same items "
         "(leave one out); a low outlier is worth a look before it is a verdict.",
+    )
+
+
+def ai_agreement_panel(data: ProjectData, *, n_boot: int = 300) -> Panel:
+    """Return each AI annotator's agreement with the human majority, per round, with CIs."""
+    key, title = "ai-agreement", "AI annotators against the humans"
+    rows = []
+    for row in ai_agreement_by_annotator(project=data.project, round_=data.round, n_boot=n_boot):
+        estimate, low, high = _ci_parts(row["agreement"])
+        rows.append(
+            [
+                row["round"],
+                row["username"],
+                row["description"],
+                estimate,
+                low,
+                high,
+                number(row["kappa"]),
+                row["n_items"],
+                row["n_decided"],
+            ]
+        )
+    if not rows:
+        return empty(key, title, "No AI annotator has labelled an item people labelled too.")
+    ranking = data.project.task_kind == TaskKind.RANKING
+    return Panel(
+        key=key,
+        title=title,
+        columns=[
+            "round",
+            "annotator",
+            "judge",
+            "agreement",
+            "ci low",
+            "ci high",
+            "cohen kappa",
+            "items",
+            "items with a human majority",
+        ],
+        rows=rows,
+        chart=ForestChart(
+            labels=[f"round {r[0]} · {r[1]}" for r in rows],
+            series=[ForestSeries.from_rows("Agreement", rows, 3, 4, 5)],
+            x_label="tau-b with the humans' mean ranks (95% CI)"
+            if ranking
+            else "share of items where the AI label equals the human majority (95% CI)",
+            x_min=-1.0 if ranking else 0.0,
+            x_max=1.0,
+            percent=not ranking,
+        ),
+        wide=True,
+        note="Each AI account (an LLM judge, a reward model) on the items people labelled too, "
+        "never pooled (AlpacaFarm and MT-Bench validate AI judges this way). Agreement: the "
+        "share of items whose AI label equals the human majority (1/m for one of m tied "
+        "modes); Cohen's kappa against the majority where it is unique. An LLM judge's "
+        "ties include the items whose two display orders disagreed.",
     )
 
 
