@@ -6,17 +6,24 @@ from training import loop
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def loop_tick(project_id: int, settings: dict) -> list[tuple[str, str, str]]:
-    """Advance the project's loop iteration as far as it can go now.
+def loop_tick(
+    project_id: int, settings: dict | None = None, force: bool = False
+) -> list[tuple[str, str, str]]:
+    """Advance the project's loop as far as it can go now, recording every step and the outcome.
 
-    A tick queued before a researcher paused the schedule finds it paused and does nothing.
+    Settings and the pause flag come from the project's `Loop` row: a tick queued before a
+    researcher paused the loop does nothing. `settings` is read only from beat schedules
+    written before the row existed, to create it. A tick that raises is recorded on the row
+    with its traceback, then re-raised.
     """
-    from annotation.models import Project
+    from training.loop import control
+    from training.models import Loop
 
-    if loop.loop_schedule_paused(project_id=project_id):
-        return [("tick", "skipped", "the project's loop schedule is paused")]
-    project = Project.objects.get(pk=project_id)
-    state = loop.loop_advance(project=project, settings=loop.LoopSettings.from_dict(settings))
+    if settings is not None and not Loop.objects.filter(project_id=project_id).exists():
+        from annotation.models import Project
+
+        control.loop_create(project=Project.objects.get(pk=project_id), settings=settings)
+    state = control.loop_tick_run(project_id=project_id, force=force)
     return [(s.name, s.status, s.detail) for s in state.steps]
 
 

@@ -453,6 +453,49 @@ CASES = [
         lambda w: f"/console/projects/{w.a.pk}/training/runs/{w.b_run.pk}/resume/",
         encoding="form",
     ),
+    # The loop: B's project in the URL, B's models in A's loop settings and decisions.
+    Case("B's loop", "GET", lambda w: f"/api/training/projects/{w.b.pk}/loop/"),
+    Case("B's loop timeline", "GET", lambda w: f"/api/training/projects/{w.b.pk}/loop/timeline/"),
+    Case(
+        "save B's loop settings",
+        "PUT",
+        lambda w: f"/api/training/projects/{w.b.pk}/loop/",
+        lambda w: {"settings": {"path": "dpo"}},
+    ),
+    Case("step B's loop", "POST", lambda w: f"/api/training/projects/{w.b.pk}/loop/step/"),
+    Case("pause B's loop", "POST", lambda w: f"/api/training/projects/{w.b.pk}/loop/pause/"),
+    Case("resume B's loop", "POST", lambda w: f"/api/training/projects/{w.b.pk}/loop/resume/"),
+    *[
+        Case(
+            f"A's loop with B's model as {recipe}.{name}",
+            "PUT",
+            lambda w: f"/api/training/projects/{w.a.pk}/loop/",
+            lambda w, recipe=recipe, name=name: {
+                "settings": {"path": "rm_ppo", recipe: {name: w.b_model.pk}}
+            },
+            field=name,
+        )
+        for recipe, name in (("ppo", "reward_model_id"), ("dpo", "reference_model_id"))
+    ],
+    *[
+        Case(
+            f"{action} B's model",
+            "POST",
+            lambda w, action=action: f"/api/training/models/{w.b_model.pk}/{action}/",
+            lambda w: {"reason": "it is better"},
+        )
+        for action in ("promote", "reject")
+    ],
+    *[
+        Case(
+            f"{action} A's model naming project B",
+            "POST",
+            lambda w, action=action: f"/api/training/models/{w.a_model.pk}/{action}/",
+            lambda w: {"reason": "it is better", "project_id": w.b.pk},
+            field="project_id",
+        )
+        for action in ("promote", "reject")
+    ],
 ]
 
 
@@ -471,8 +514,9 @@ def _send(client: Client, case: Case, w: World):
     if case.method == "GET":
         return client.get(path)
     body = case.body(w) if case.body else {}
-    if case.method == "PATCH":
-        return client.patch(path, data=body, content_type="application/json")
+    if case.method in ("PATCH", "PUT"):
+        send = client.patch if case.method == "PATCH" else client.put
+        return send(path, data=body, content_type="application/json")
     if case.encoding == "json":
         return client.post(path, data=body, content_type="application/json")
     return client.post(path, data=body)  # multipart, as browsers and uploads send it
@@ -559,6 +603,18 @@ CONTROLS = [
         "agreement of A's round", "GET", lambda w: f"/api/qc/projects/{w.a.pk}/agreement/?round=1"
     ),
     Case("labels of A's round", "GET", lambda w: f"/api/qc/projects/{w.a.pk}/labels/?round=1"),
+    Case(
+        "A's loop with A's model as ppo.reward_model_id",
+        "PUT",
+        lambda w: f"/api/training/projects/{w.a.pk}/loop/",
+        lambda w: {"settings": {"path": "rm_ppo", "ppo": {"reward_model_id": w.a_model.pk}}},
+    ),
+    Case(
+        "promote A's model naming project A",
+        "POST",
+        lambda w: f"/api/training/models/{w.a_model.pk}/promote/",
+        lambda w: {"reason": "it is better", "project_id": w.a.pk},
+    ),
 ]
 
 

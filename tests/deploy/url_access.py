@@ -128,6 +128,16 @@ ACCESS: dict[str, Rule] = {
         post=RESEARCHER,
         data=lambda w: {"project_id": w.project.pk, "name": "e", "endpoint": "x", "model": "m"},
     ),
+    # --- a project's loop: settings, timeline and actions, for its researchers ---
+    # A project without a loop: PUT without 'path' is a 400 naming it; actions are a 409.
+    "api-loop": Rule(get=RESEARCHER, put=RESEARCHER, also_ok=frozenset({400})),
+    "api-loop-timeline": Rule(get=RESEARCHER),
+    "api-loop-step": Rule(post=RESEARCHER, also_ok=frozenset({409})),
+    "api-loop-pause": Rule(post=RESEARCHER, also_ok=frozenset({409})),
+    "api-loop-resume": Rule(post=RESEARCHER, also_ok=frozenset({409})),
+    # Without a reason the decision is a 400 naming it (P's researchers and staff only).
+    "api-model-version-promote": Rule(post=RESEARCHER),
+    "api-model-version-reject": Rule(post=RESEARCHER),
     # --- QC: figures and other people's labels for reviewers, controls for researchers ---
     "api-qc-agreement": Rule(get=REVIEWER),
     "api-qc-labels": Rule(get=REVIEWER),

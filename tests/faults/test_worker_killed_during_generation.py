@@ -59,6 +59,8 @@ def test_generation_killed_mid_round_is_redelivered_and_makes_the_round_once(tin
     queue = f"gpu-faults-{uuid.uuid4().hex[:8]}"
     project = Project.objects.create(name="generation kill", overlap=1)
     settings = loop.LoopSettings(
+        path="dpo",
+        prompt_source="demo",
         n_prompts=N_PROMPTS,
         seed=5,
         mix_previous=False,

@@ -137,7 +137,7 @@ def test_the_loop_builds_a_round_from_an_endpoint_policy(endpoints):
         name="served-round", endpoint="local-serve", model=endpoints, project=project
     )
     settings = loop.LoopSettings(
-        seed=4, mix_previous=False, generation={"temperature": 1.0, "max_new_tokens": 8}
+        path="dpo", seed=4, mix_previous=False, generation={"temperature": 1.0, "max_new_tokens": 8}
     )
     prompts = [f"What is {a} + {a}?" for a in range(4)]
 
@@ -165,7 +165,9 @@ def test_an_endpoint_that_does_not_answer_leaves_no_round_to_annotate(endpoints)
     version = model_version_endpoint_create(
         name="down-policy", endpoint="down", model="m", project=project
     )
-    settings = loop.LoopSettings(seed=1, mix_previous=False, generation={"max_new_tokens": 4})
+    settings = loop.LoopSettings(
+        path="dpo", seed=1, mix_previous=False, generation={"max_new_tokens": 4}
+    )
 
     with pytest.raises(GenerationError, match=r"endpoint 'down': the server does not answer"):
         loop.round_generate(

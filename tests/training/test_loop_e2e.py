@@ -23,8 +23,9 @@ from annotation.simulation import PRESETS, run_pool
 from tests.celery_worker import Worker
 from tests.factories import make_tiny_demo_policy
 from training import loop
+from training.loop import control
 from training.loop_tasks import generate_round, loop_tick
-from training.models import ModelVersion, TrainingRun
+from training.models import LoopEvent, ModelVersion, TrainingRun
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -66,12 +67,17 @@ def test_two_rounds_close_through_a_real_worker(live_server, tiny_base_policy, t
 
     redis.Redis.from_url(django_settings.CELERY_BROKER_URL).flushdb()
     project = Project.objects.create(name="loop e2e", overlap=3)
+    # The arithmetic demo's settings, named explicitly (a real project's defaults differ).
     settings = loop.LoopSettings(
+        path="dpo",
+        prompt_source="demo",
+        sources=["human", "simulated"],
         n_prompts=8,
         seed=3,
         generation={"temperature": 1.0, "max_new_tokens": 8},
         dpo={"max_steps": 4, "per_device_train_batch_size": 4, "save_steps": 2},
     ).to_dict()
+    control.loop_create(project=project, settings=settings)
     worker = Worker(
         queue="gpu,default",
         broker_url=django_settings.CELERY_BROKER_URL,
@@ -97,7 +103,7 @@ def test_two_rounds_close_through_a_real_worker(live_server, tiny_base_policy, t
         for number in (2, 3):
 
             def next_round(number=number):
-                loop_tick.delay(project.pk, settings)
+                loop_tick.delay(project.pk)
                 time.sleep(3)
                 found = Round.objects.filter(project=project, number=number).first()
                 return found if found is not None and found.items.exists() else None
@@ -123,6 +129,12 @@ def test_two_rounds_close_through_a_real_worker(live_server, tiny_base_policy, t
     assert all("true_reward" in p.eval_results for p in policies)
     assert json.dumps(policies[1].eval_results)
     assert Round.objects.get(project=project, number=1).status == Round.Status.CLOSED
+    # every tick was recorded on the loop, each step as an event with its duration
+    assert project.loop.last_tick_status == "done"
+    events = LoopEvent.objects.filter(loop__project=project)
+    done = events.filter(step="dpo", status="done").values_list("training_run", flat=True)
+    assert set(done) == {run.pk for run in runs}
+    assert all(e.duration_seconds is not None for e in events)
     _screenshot_dashboard(live_server.url, project)
 
 

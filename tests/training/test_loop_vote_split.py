@@ -36,7 +36,12 @@ def test_disagreement_mines_items_split_by_primary_unflagged_human_votes_only():
 
     # When the next round's prompts are mined for disagreement
     settings = loop.LoopSettings(
-        prompt_source="pool", n_prompts=2, random_share=0.0, hard_mining="disagreement", seed=3
+        path="dpo",
+        prompt_source="pool",
+        n_prompts=2,
+        random_share=0.0,
+        hard_mining="disagreement",
+        seed=3,
     )
     chosen = loop.prompts_select(project=project, settings=settings)
 

@@ -1,18 +1,26 @@
-"""A project's loop on a django-celery-beat schedule: set, pause, resume, read."""
+"""A project's loop on a django-celery-beat schedule: set, pause, resume, read.
+
+The schedule carries only the project id. The settings and the pause flag live on the
+project's `training.Loop` row (`training.loop.control`); the schedule's `enabled` flag follows
+that pause flag so beat does not even send ticks while paused, and a tick already queued reads
+`Loop.paused` and does nothing.
+"""
 
 from __future__ import annotations
 
 import json
 
 from annotation.models import Project
-from training.loop.settings import LoopSettings
 
 LOOP_TASK = "training.loop_tasks.loop_tick"
 
 
-def loop_schedule_set(
-    *, project: Project, settings: LoopSettings, every_seconds: int = 60, enabled: bool = True
-):
+def loop_schedule_name(project_id: int) -> str:
+    """Return the name of the project's beat schedule."""
+    return f"prefloop-loop-{project_id}"
+
+
+def loop_schedule_set(*, project: Project, every_seconds: int = 60, enabled: bool = True):
     """Create or update the project's beat schedule that ticks its loop."""
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
@@ -20,28 +28,39 @@ def loop_schedule_set(
         every=every_seconds, period=IntervalSchedule.SECONDS
     )
     task, _ = PeriodicTask.objects.update_or_create(
-        name=f"prefloop-loop-{project.pk}",
+        name=loop_schedule_name(project.pk),
         defaults={
             "task": LOOP_TASK,
             "interval": interval,
-            "kwargs": json.dumps({"project_id": project.pk, "settings": settings.to_dict()}),
+            "kwargs": json.dumps({"project_id": project.pk}),
             "enabled": enabled,
         },
     )
     return task
 
 
+def loop_schedule_get(*, project_id: int):
+    """Return the project's beat schedule, or None."""
+    from django_celery_beat.models import PeriodicTask
+
+    return (
+        PeriodicTask.objects.select_related("interval")
+        .filter(name=loop_schedule_name(project_id))
+        .first()
+    )
+
+
 def loop_schedule_pause(*, project: Project, paused: bool = True) -> bool:
-    """Pause (or resume) the project's loop schedule; return whether one exists."""
+    """Disable (or enable) the project's beat schedule; return whether one exists."""
     from django_celery_beat.models import PeriodicTask
 
     return bool(
-        PeriodicTask.objects.filter(name=f"prefloop-loop-{project.pk}").update(enabled=not paused)
+        PeriodicTask.objects.filter(name=loop_schedule_name(project.pk)).update(enabled=not paused)
     )
 
 
 def loop_schedule_paused(*, project_id: int) -> bool:
-    """Return whether the project has a loop schedule and it is paused."""
-    from django_celery_beat.models import PeriodicTask
+    """Return whether the project's loop is paused (its `Loop.paused` flag)."""
+    from training.models import Loop
 
-    return PeriodicTask.objects.filter(name=f"prefloop-loop-{project_id}", enabled=False).exists()
+    return Loop.objects.filter(project_id=project_id, paused=True).exists()

@@ -11,13 +11,21 @@ from training.loop.mining import HARD_MINING_MODES
 
 @dataclass
 class LoopSettings:
-    """A project's loop policy (stored as the kwargs of its beat schedule)."""
+    """A project's loop policy (stored on its `training.Loop` row).
 
-    path: str = field(default="dpo", metadata={"help": "'dpo' or 'rm_ppo'."})
+    The defaults are a real project's: prompts from the project's pool, human labels only.
+    `path` has no default: a project chooses how it learns. The arithmetic demo passes its own
+    settings (demo prompts, simulated labels).
+    """
+
+    path: str = field(
+        metadata={"help": "How each iteration learns: 'dpo' or 'rm_ppo' (no default)."}
+    )
     n_prompts: int = field(default=256, metadata={"help": "Prompts per new round."})
     k: int = field(default=2, metadata={"help": "Candidates per prompt (project's k)."})
     prompt_source: str = field(
-        default="demo", metadata={"help": "'demo' (generated demo prompts) or 'pool' (project)."}
+        default="pool",
+        metadata={"help": "'pool' (the project's prompts) or 'demo' (arithmetic demo prompts)."},
     )
     hard_mining: str = field(
         default="",
@@ -42,7 +50,7 @@ class LoopSettings:
         },
     )
     sources: list[str] = field(
-        default_factory=lambda: [LabelSource.HUMAN, LabelSource.SIMULATED],
+        default_factory=lambda: [LabelSource.HUMAN.value],
         metadata={"help": "Label sources trained on (named explicitly, never mixed silently)."},
     )
     aggregation: str = field(default="majority", metadata={"help": "Export aggregation policy."})
@@ -75,6 +83,8 @@ class LoopSettings:
         unknown = set(values) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown loop setting(s): {', '.join(sorted(unknown))}")
+        if "path" not in values:
+            raise ValueError("path must be chosen: 'dpo' or 'rm_ppo' (there is no default)")
         settings = cls(**values)
         if settings.path not in ("dpo", "rm_ppo"):
             raise ValueError("path must be 'dpo' or 'rm_ppo'")

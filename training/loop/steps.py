@@ -17,6 +17,9 @@ failed step can be retried alone and a researcher can pause the schedule.
 from __future__ import annotations
 
 import logging
+import re
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from django.db import transaction
@@ -30,11 +33,19 @@ from training.rounds import generate_round_now
 logger = logging.getLogger(__name__)
 
 
+# The Loop row whose events this context records; `training.loop.control` sets it while a
+# tick runs, so every way of ticking (beat, API, console, command) records the same way.
+RECORDING_LOOP: ContextVar[int | None] = ContextVar("prefloop_recording_loop", default=None)
+_KEY = re.compile(r"^loop-(\d+)-r(\d+)$")
+_POLICY_RECIPES = ("dpo", "ppo")
+
+
 @dataclass
 class Step:
     name: str
     status: str  # done | started | waiting | failed | skipped
     detail: str = ""
+    duration_seconds: float | None = None
 
 
 @dataclass
@@ -42,10 +53,85 @@ class LoopState:
     key: str
     steps: list[Step] = field(default_factory=list)
     new_round: Round | None = None
+    loop_id: int | None = field(default_factory=RECORDING_LOOP.get)
+    _mark: float = field(default_factory=time.monotonic, repr=False)
 
-    def add(self, name: str, status: str, detail: str = "") -> None:
-        self.steps.append(Step(name, status, detail))
+    def add(
+        self,
+        name: str,
+        status: str,
+        detail: str = "",
+        *,
+        round_: Round | None = None,
+        run: TrainingRun | None = None,
+        model_version: ModelVersion | None = None,
+    ) -> None:
+        """Record a step: its duration since the previous one, and a LoopEvent when recording."""
+        now = time.monotonic()
+        step = Step(name, status, detail, round(now - self._mark, 3))
+        self._mark = now
+        self.steps.append(step)
         logger.info("loop %s: %s %s %s", self.key, name, status, detail)
+        if self.loop_id is not None:
+            _event_record(self, step, round_=round_, run=run, model_version=model_version)
+
+
+def _event_record(
+    state: LoopState,
+    step: Step,
+    *,
+    round_: Round | None,
+    run: TrainingRun | None,
+    model_version: ModelVersion | None,
+) -> None:
+    """Write the step as a LoopEvent, linked to the rows of its iteration it is about."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from training.models import LoopEvent
+
+    match = _KEY.match(state.key)
+    if match is not None:
+        project_id, number = int(match.group(1)), int(match.group(2))
+        if round_ is None and step.name == "generate":
+            round_ = Round.objects.filter(
+                project_id=project_id, source_key=f"{state.key}:gen"
+            ).first()
+        if round_ is None:
+            round_ = Round.objects.filter(project_id=project_id, number=number).first()
+        runs = TrainingRun.objects.filter(
+            project_id=project_id, dataset_version__name=state.key
+        ).order_by("-id")
+        if run is None and step.name in ("dpo", "reward", "ppo"):
+            run = runs.filter(recipe=step.name).first()
+        if model_version is None and step.name in ("evaluate", "gate", "generate"):
+            model_version = (
+                ModelVersion.objects.filter(
+                    training_run__in=runs.filter(recipe__in=_POLICY_RECIPES)
+                )
+                .order_by("-id")
+                .first()
+            )
+    if model_version is None and run is not None:
+        model_version = ModelVersion.objects.filter(training_run=run).first()
+    finished = timezone.now()
+    event = LoopEvent.objects.create(
+        loop_id=state.loop_id,
+        key=state.key,
+        step=step.name,
+        status=step.status,
+        detail=step.detail,
+        round=round_,
+        training_run=run,
+        model_version=model_version,
+        finished_at=finished,
+        duration_seconds=step.duration_seconds,
+    )
+    # started_at is set on insert; the step began `duration` before it was recorded.
+    LoopEvent.objects.filter(pk=event.pk).update(
+        started_at=finished - timedelta(seconds=step.duration_seconds or 0.0)
+    )
 
 
 def loop_key(round_: Round) -> str:

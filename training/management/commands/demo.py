@@ -16,9 +16,10 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from annotation import services as annotation_services
-from annotation.models import Membership, Project, Round
+from annotation.models import LabelSource, Membership, Project, Round
 from annotation.simulation import parse_pool, run_pool
 from training import demo, loop
+from training.loop import control
 from training.models import ModelVersion, TrainingRun
 
 PROJECT_NAME = "Arithmetic demo"
@@ -76,9 +77,17 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         admin_pw, annotator_pw = self._users()
         project = self._project()
+        # The demo's own settings, all explicit: arithmetic prompts, simulated labels counted.
         settings_ = loop.LoopSettings(
-            path=opts["path"], n_prompts=opts["prompts"], seed=opts["seed"], min_new_judgments=0
+            path=opts["path"],
+            n_prompts=opts["prompts"],
+            seed=opts["seed"],
+            min_new_judgments=0,
+            prompt_source="demo",
+            sources=[LabelSource.HUMAN.value, LabelSource.SIMULATED.value],
         )
+        # Stored on the project's loop, so the console's loop page shows them and each step.
+        control.loop_update(project=project, settings=settings_.to_dict())
 
         self._say("1/5 tiny SFT policy on an imperfect corpus")
         mark = time.perf_counter()
@@ -115,9 +124,7 @@ class Command(BaseCommand):
                 timings[f"label_r{current.number}"] = time.perf_counter() - mark
                 self._say(f"4/5 export -> {opts['path']} -> evaluate -> generate")
                 mark = time.perf_counter()
-                state = loop.loop_advance(
-                    project=project, settings=settings_, sync=True, force=True
-                )
+                state = control.loop_tick_run(project_id=project.pk, sync=True, force=True)
                 timings[f"train_r{current.number}"] = time.perf_counter() - mark
                 for step in state.steps:
                     self._say(f"    {step.name:9s} {step.status:8s} {step.detail}")

@@ -1,0 +1,627 @@
+"""A project's loop: its one record, every tick's outcome, the actions on it, its timeline.
+
+`training.Loop` is the one home of a project's loop settings and pause flag. The beat schedule
+(`schedule.py`) carries only the project id; every way of ticking (beat, the API's and the
+console's "run next step", `manage.py loop`) goes through `loop_tick_run`, which reads the
+row, records each step of the iteration as a `LoopEvent` (`LoopState.add`) and the tick's
+outcome on the row. A tick that raises is recorded with its traceback, then re-raised: a
+failed tick is never lost.
+
+`loop_timeline` reads what the iterations left behind, round by round: round -> dataset
+version -> runs -> model versions -> evaluation -> gate -> next round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from annotation.errors import Conflict, NotFound, ServiceError
+from annotation.exports.policy import AGGREGATIONS
+from annotation.models import DatasetVersion, Judgment, LabelSource, Project, Round
+from training import config_policy
+from training.loop.schedule import (
+    loop_schedule_get,
+    loop_schedule_pause,
+    loop_schedule_set,
+)
+from training.loop.settings import LoopSettings
+from training.loop.steps import RECORDING_LOOP, LoopState, Step, loop_advance, loop_key
+from training.models import Loop, LoopEvent, ModelVersion, PolicyEvaluation, TrainingRun
+
+logger = logging.getLogger(__name__)
+
+PROMPT_SOURCES = ("pool", "demo")
+RECIPE_OVERRIDES = ("dpo", "reward", "ppo")
+MIN_EVERY_SECONDS = 10
+# Last tick outcomes stored on Loop.last_tick_status.
+TICK_DONE = "done"
+TICK_FAILED = "failed"
+TICK_PAUSED = "paused"
+NO_LOOP = "This project has no loop yet: save its settings (at least 'path') to create it."
+
+
+class InvalidLoopSettings(ServiceError):
+    """Loop settings the server refuses; ``field`` names the culprit."""
+
+    code = "invalid_loop_settings"
+
+    def __init__(self, message: str, *, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+def _refuse(field: str, message: str) -> InvalidLoopSettings:
+    return InvalidLoopSettings(f"{field}: {message}", field=field)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def _type_ok(annotation: str, value: Any) -> bool:
+    if annotation == "bool":
+        return isinstance(value, bool)
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation == "str":
+        return isinstance(value, str)
+    if annotation.startswith("list"):
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if annotation.startswith("dict"):
+        return isinstance(value, dict)
+    return True  # a field of another kind is checked by LoopSettings.from_dict
+
+
+_TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "text"}
+
+
+def loop_settings_validate(
+    *, values: Any, project: Project, user=None, base: dict | None = None
+) -> LoopSettings:
+    """Return the settings `values` describe (over `base`), or refuse naming the field.
+
+    ``user`` None is the server itself (trusted like staff). A researcher names models in the
+    recipe overrides by ids of this project, never by path (`training.config_policy`).
+    """
+    if not isinstance(values, dict):
+        raise _refuse("settings", "expected an object of loop setting names to values.")
+    fields = {f.name: f for f in dataclasses.fields(LoopSettings)}
+    for name in sorted(values):
+        if name not in fields:
+            known = ", ".join(sorted(fields))
+            raise _refuse(name, f"not a loop setting; known settings: {known}.")
+        annotation = str(fields[name].type)
+        if not _type_ok(annotation, values[name]):
+            kind = _TYPE_WORDS.get(annotation, "a list of names")
+            if annotation.startswith("dict"):
+                kind = "an object"
+            raise _refuse(name, f"expected {kind}.")
+    merged = {**(base or {}), **values}
+    if not merged.get("path"):
+        raise _refuse("path", "choose how the loop learns: 'dpo' or 'rm_ppo' (no default).")
+    checks = (
+        ("path", lambda v: v in ("dpo", "rm_ppo"), "must be 'dpo' or 'rm_ppo'."),
+        ("n_prompts", lambda v: 1 <= v <= 100_000, "must be between 1 and 100000."),
+        ("k", lambda v: 2 <= v <= 16, "must be between 2 and 16."),
+        ("min_new_judgments", lambda v: v >= 0, "must be 0 or more."),
+        ("seed", lambda v: v >= 0, "must be 0 or more."),
+        ("random_share", lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1."),
+        ("prompt_source", lambda v: v in PROMPT_SOURCES, "must be 'pool' or 'demo'."),
+        (
+            "aggregation",
+            lambda v: v in AGGREGATIONS,
+            f"must be one of {', '.join(AGGREGATIONS)}.",
+        ),
+        (
+            "sources",
+            lambda v: bool(v) and set(v) <= set(LabelSource.values),
+            f"name one or more of {', '.join(LabelSource.values)}.",
+        ),
+    )
+    for name, ok, message in checks:
+        if name in merged and not ok(merged[name]):
+            raise _refuse(name, message)
+    if "generation" in merged:
+        _check_generation(merged["generation"])
+    for recipe in RECIPE_OVERRIDES:
+        if merged.get(recipe):
+            _check_recipe(recipe, merged[recipe], user=user, project=project)
+    try:
+        return LoopSettings.from_dict(merged)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        named = message.split(" ", 1)[0].strip(":")
+        raise InvalidLoopSettings(
+            message if named in fields else f"settings: {message}",
+            field=named if named in fields else "settings",
+        ) from exc
+
+
+def _check_generation(values: dict) -> None:
+    from training.generation import GenerationSettings
+
+    known = {f.name for f in dataclasses.fields(GenerationSettings)} - {"seed"}
+    for key in sorted(values):
+        if key not in known:
+            raise _refuse(
+                f"generation.{key}",
+                f"not a sampling setting; known: {', '.join(sorted(known))} "
+                "(the seed is the loop's seed).",
+            )
+        if not isinstance(values[key], int | float | list) or isinstance(values[key], bool):
+            raise _refuse(f"generation.{key}", "expected a number (stop: a list of strings).")
+    try:
+        GenerationSettings(**values)
+    except (TypeError, ValueError) as exc:
+        raise _refuse("generation", str(exc)) from exc
+
+
+def _check_recipe(recipe: str, overrides: dict, *, user, project: Project) -> None:
+    """Refuse recipe overrides that a run created by `user` in `project` would refuse."""
+    try:
+        config_policy.training_config_resolve(
+            recipe=recipe, config=overrides, user=user, project=project
+        )
+    except config_policy.InvalidTrainingConfig as exc:
+        inner = exc.field.removeprefix("config.") or "config"
+        message = exc.message.split(": ", 1)[-1]
+        raise _refuse(f"{recipe}.{inner}", message) from exc
+    except NotFound as exc:
+        raise NotFound(f"{recipe}.{exc.message.removeprefix('config.')}") from exc
+
+
+# --------------------------------------------------------------------------- the record
+
+
+def loop_get(*, project: Project) -> Loop:
+    """Return the project's loop, or raise Conflict (the project has none yet)."""
+    found = Loop.objects.filter(project=project).first()
+    if found is None:
+        raise Conflict(NO_LOOP)
+    return found
+
+
+def loop_settings(*, loop: Loop) -> LoopSettings:
+    """Return the loop's stored settings."""
+    return LoopSettings.from_dict(loop.config)
+
+
+def loop_create(
+    *, project: Project, settings: dict, user=None, every_seconds: int | None = None
+) -> Loop:
+    """Create the project's loop from settings (validated); Conflict if it has one."""
+    checked = loop_settings_validate(values=settings, project=project, user=user)
+    every = _check_every(every_seconds)
+    with transaction.atomic():
+        if Loop.objects.filter(project=project).exists():
+            raise Conflict("This project already has a loop: change its settings instead.")
+        found = Loop.objects.create(project=project, config=checked.to_dict())
+        if every is not None:
+            loop_schedule_set(project=project, every_seconds=every, enabled=True)
+    return found
+
+
+def loop_update(
+    *, project: Project, settings: dict, user=None, every_seconds: int | None = None
+) -> Loop:
+    """Change the given settings of the project's loop (creating it if it has none)."""
+    every = _check_every(every_seconds)
+    with transaction.atomic():
+        found = Loop.objects.select_for_update().filter(project=project).first()
+        base = found.config if found is not None else None
+        checked = loop_settings_validate(values=settings, project=project, user=user, base=base)
+        if found is None:
+            found = Loop.objects.create(project=project, config=checked.to_dict())
+        else:
+            found.config = checked.to_dict()
+            found.save(update_fields=["config", "updated_at"])
+        if every is not None:
+            loop_schedule_set(project=project, every_seconds=every, enabled=not found.paused)
+    return found
+
+
+def _check_every(every_seconds: Any) -> int | None:
+    if every_seconds is None:
+        return None
+    if isinstance(every_seconds, bool) or not isinstance(every_seconds, int):
+        raise _refuse("every_seconds", "expected an integer number of seconds.")
+    if every_seconds < MIN_EVERY_SECONDS:
+        raise _refuse("every_seconds", f"tick at most every {MIN_EVERY_SECONDS} seconds.")
+    return every_seconds
+
+
+def loop_pause(*, project: Project, paused: bool = True) -> Loop:
+    """Pause (or resume) the project's loop: no tick advances it while paused."""
+    with transaction.atomic():
+        found = Loop.objects.select_for_update().filter(project=project).first()
+        if found is None:
+            raise Conflict(NO_LOOP)
+        found.paused = paused
+        found.save(update_fields=["paused", "updated_at"])
+        loop_schedule_pause(project=project, paused=paused)
+    return found
+
+
+def loop_step_queue(*, project: Project, force: bool = False) -> Loop:
+    """Queue a tick of the project's loop now (after commit); Conflict while it is paused."""
+    found = loop_get(project=project)
+    if found.paused:
+        raise Conflict("The loop is paused: resume it to run its next step.")
+    from training.loop_tasks import loop_tick
+
+    project_id = project.pk
+    transaction.on_commit(lambda: loop_tick.delay(project_id, force=force))
+    return found
+
+
+# --------------------------------------------------------------------------- a tick
+
+
+def loop_tick_run(*, project_id: int, sync: bool = False, force: bool = False) -> LoopState:
+    """Advance the project's loop as far as it can go now; record every step and the outcome.
+
+    A paused loop does nothing. An exception anywhere is recorded on the loop row (status
+    failed, the traceback in last_error) and as a failed `tick` event, then re-raised.
+    """
+    found = Loop.objects.select_related("project").filter(project_id=project_id).first()
+    if found is None:
+        raise NotFound(f"Project {project_id} has no loop.")
+    if found.paused:
+        state = LoopState(key="-", loop_id=None)
+        state.add("tick", "skipped", "the project's loop is paused")
+        _outcome_store(found, TICK_PAUSED, state.steps, error="")
+        return state
+    token = RECORDING_LOOP.set(found.pk)
+    try:
+        state = loop_advance(
+            project=found.project, settings=loop_settings(loop=found), sync=sync, force=force
+        )
+    except Exception as exc:
+        error = traceback.format_exc()
+        logger.exception("loop of project %s: the tick failed", project_id)
+        key = _current_key(found.project)
+        LoopEvent.objects.create(
+            loop=found,
+            key=key,
+            step="tick",
+            status="failed",
+            detail=config_policy.paths_redact(f"{type(exc).__name__}: {exc}")[-2000:],
+            finished_at=timezone.now(),
+        )
+        _outcome_store(found, TICK_FAILED, [], error=error)
+        raise
+    finally:
+        RECORDING_LOOP.reset(token)
+    failed = any(step.status == "failed" for step in state.steps)
+    errors = "\n".join(f"{s.name}: {s.detail}" for s in state.steps if s.status == "failed")
+    _outcome_store(found, TICK_FAILED if failed else TICK_DONE, state.steps, error=errors)
+    return state
+
+
+def _current_key(project: Project) -> str:
+    newest = Round.objects.filter(project=project).order_by("-number").first()
+    return loop_key(newest) if newest is not None else "-"
+
+
+def _outcome_store(found: Loop, status: str, steps: list[Step], *, error: str) -> None:
+    Loop.objects.filter(pk=found.pk).update(
+        last_tick_at=timezone.now(),
+        last_tick_status=status,
+        last_error=error,
+        last_steps=[dataclasses.asdict(step) for step in steps],
+    )
+
+
+# --------------------------------------------------------------------------- actions
+
+
+def loop_run_for(*, project: Project, run_id: int) -> TrainingRun:
+    """Return a training run of the project's loop (trained on one of its loop exports)."""
+    run = (
+        TrainingRun.objects.filter(
+            pk=run_id, project=project, dataset_version__name__startswith=f"loop-{project.pk}-r"
+        )
+        .select_related("dataset_version")
+        .first()
+    )
+    if run is None:
+        raise NotFound("run_id: no such run of this project's loop.")
+    return run
+
+
+def loop_run_cancel(*, project: Project, run_id: int) -> TrainingRun:
+    """Cancel a queued or running training run of the project's loop."""
+    from training import services as training_services
+
+    run = loop_run_for(project=project, run_id=run_id)
+    return training_services.training_run_cancel(run_id=run.pk)
+
+
+def loop_policy_for(*, project: Project, version_id: int, user) -> ModelVersion:
+    """Return a model version of the project that the user may decide on; NotFound otherwise."""
+    from training.selectors import model_version_list, model_version_project_id
+
+    version = model_version_list(user=user).filter(pk=version_id).first()
+    if version is None or model_version_project_id(version=version) != project.pk:
+        raise NotFound("No such model version in this project.")
+    return version
+
+
+def loop_policy_decide(*, version: ModelVersion, user, promote: bool, reason: str) -> ModelVersion:
+    """Promote or reject a policy by hand (the gate's own rules, `training.loop.gate`)."""
+    from training.loop.gate import policy_promote, policy_reject
+
+    decide = policy_promote if promote else policy_reject
+    return decide(version=version, user=user, reason=reason)
+
+
+# --------------------------------------------------------------------------- the timeline
+
+
+@dataclass
+class TimelineStep:
+    """One step of an iteration as the timeline shows it."""
+
+    kind: str  # round | export | train | model | evaluate | gate | next_round
+    title: str
+    status: str
+    detail: str = ""
+    error: str = ""
+    progress: float | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    duration_seconds: float | None = None
+    round_number: int | None = None
+    dataset_version: int | None = None
+    run_id: int | None = None
+    model_version_id: int | None = None
+    active: bool = False
+
+
+@dataclass
+class Iteration:
+    """What one iteration of the loop (keyed by the round it learns from) left behind."""
+
+    key: str
+    round_number: int
+    steps: list[TimelineStep] = field(default_factory=list)
+
+
+@dataclass
+class TimelineEvent:
+    """One recorded step of a tick (a `LoopEvent`)."""
+
+    key: str
+    step: str
+    status: str
+    detail: str
+    started_at: datetime | None
+    duration_seconds: float | None
+    round_number: int | None
+    run_id: int | None
+    model_version_id: int | None
+
+
+@dataclass
+class Timeline:
+    """The loop's state and its iterations, newest first."""
+
+    project_id: int
+    has_loop: bool
+    paused: bool
+    settings: dict
+    every_seconds: int | None
+    schedule_enabled: bool | None
+    last_tick_at: datetime | None
+    last_tick_status: str
+    last_error: str
+    last_steps: list
+    iterations: list[Iteration]
+    events: list[TimelineEvent]
+
+    @property
+    def active(self) -> bool:
+        """Return whether anything is still moving (the page keeps polling while it is)."""
+        return any(step.active for it in self.iterations for step in it.steps)
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def _round_step(round_: Round, project: Project, settings: LoopSettings | None) -> TimelineStep:
+    items = round_.items.filter(is_gold=False).count()
+    sources = settings.sources if settings is not None else [LabelSource.HUMAN]
+    labels = Judgment.objects.filter(item__round=round_).primary().of_sources(sources).count()
+    needed = items * project.overlap
+    if settings is not None and settings.min_new_judgments:
+        needed = settings.min_new_judgments
+    progress = min(1.0, labels / needed) if needed else None
+    detail = f"{items} items, {labels} of {needed} labels" if needed else f"{items} items"
+    return TimelineStep(
+        kind="round",
+        title=f"Round {round_.number}",
+        status=round_.status,
+        detail=detail,
+        progress=progress,
+        started_at=round_.created_at,
+        finished_at=round_.closed_at,
+        duration_seconds=_seconds(round_.created_at, round_.closed_at),
+        round_number=round_.number,
+        active=round_.status == Round.Status.OPEN,
+    )
+
+
+def _export_step(dataset: DatasetVersion) -> TimelineStep:
+    return TimelineStep(
+        kind="export",
+        title=f"Dataset v{dataset.version}",
+        status=dataset.status,
+        detail=", ".join(f"{k} {v}" for k, v in sorted((dataset.split_counts or {}).items())),
+        error=config_policy.paths_redact(dataset.error)[-1000:],
+        started_at=dataset.created_at,
+        finished_at=dataset.finished_at,
+        duration_seconds=_seconds(dataset.created_at, dataset.finished_at),
+        dataset_version=dataset.version,
+        active=dataset.status == DatasetVersion.Status.BUILDING,
+    )
+
+
+def _run_step(run: TrainingRun) -> TimelineStep:
+    from training.services import TERMINAL_STATUSES
+
+    return TimelineStep(
+        kind="train",
+        title=f"{run.get_recipe_display()} run {run.pk}",
+        status=run.status,
+        detail=", ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in sorted((run.current_metrics or {}).items())
+            if k in ("step", "max_steps", "loss")
+        ),
+        error=config_policy.paths_redact(run.error, keep=run.output_dir)[-1000:],
+        progress=run.progress,
+        started_at=run.started_at or run.created_at,
+        finished_at=run.finished_at,
+        duration_seconds=_seconds(run.started_at, run.finished_at),
+        run_id=run.pk,
+        active=run.status not in TERMINAL_STATUSES,
+    )
+
+
+def _model_steps(version: ModelVersion) -> list[TimelineStep]:
+    model = TimelineStep(
+        kind="model",
+        title=f"{version.get_kind_display()} {version.name}",
+        status=version.status,
+        error=version.validation_error[-1000:],
+        started_at=version.created_at,
+        model_version_id=version.pk,
+        active=version.status in (ModelVersion.Status.PENDING, ModelVersion.Status.VALIDATING),
+    )
+    if version.kind == ModelVersion.Kind.REWARD:
+        return [model]
+    evaluations = list(PolicyEvaluation.objects.filter(policy=version).order_by("id"))
+    parts = [
+        f"{e.judge}: {e.win_rate:.2f} [{e.ci_low:.2f}, {e.ci_high:.2f}]"
+        if e.win_rate is not None and e.ci_low is not None and e.ci_high is not None
+        else f"{e.judge}: {e.wins}/{e.ties}/{e.losses}"
+        for e in evaluations
+    ]
+    if "true_reward" in (version.eval_results or {}):
+        parts.append(f"true reward {version.eval_results['true_reward']:.3f}")
+    evaluate = TimelineStep(
+        kind="evaluate",
+        title="Evaluation",
+        status="done" if parts else "waiting",
+        detail="; ".join(parts),
+        started_at=evaluations[0].created_at if evaluations else None,
+        finished_at=evaluations[-1].created_at if evaluations else None,
+        model_version_id=version.pk,
+    )
+    gate = TimelineStep(
+        kind="gate",
+        title="Gate",
+        status=version.promotion or "undecided",
+        detail=version.promotion_reason,
+        finished_at=version.promoted_at,
+        model_version_id=version.pk,
+    )
+    return [model, evaluate, gate]
+
+
+def loop_timeline(*, project: Project) -> Timeline:
+    """Return the loop's state and, per round, what each step of its iteration left behind."""
+    found = Loop.objects.filter(project=project).first()
+    settings = loop_settings(loop=found) if found is not None and found.config else None
+    schedule = loop_schedule_get(project_id=project.pk)
+    rounds = list(
+        Round.objects.filter(project=project)
+        .exclude(purpose=Round.Purpose.EVAL)
+        .order_by("-number")
+    )
+    datasets = {
+        d.name: d
+        for d in DatasetVersion.objects.filter(
+            project=project, name__startswith=f"loop-{project.pk}-r"
+        ).order_by("version")
+    }
+    by_source = {r.source_key: r for r in rounds if r.source_key}
+    iterations = []
+    for round_ in rounds:
+        key = loop_key(round_)
+        it = Iteration(key=key, round_number=round_.number)
+        it.steps.append(_round_step(round_, project, settings))
+        dataset = datasets.get(key)
+        if dataset is not None:
+            it.steps.append(_export_step(dataset))
+            runs = (
+                TrainingRun.objects.filter(dataset_version=dataset)
+                .select_related("model_version")
+                .order_by("id")
+            )
+            for run in runs:
+                it.steps.append(_run_step(run))
+                version = getattr(run, "model_version", None)
+                if version is not None:
+                    it.steps.extend(_model_steps(version))
+        following = by_source.get(f"{key}:gen")
+        if following is not None:
+            job = getattr(following, "generation_job", None)
+            items = following.items.count()
+            it.steps.append(
+                TimelineStep(
+                    kind="next_round",
+                    title=f"Round {following.number}",
+                    status=job.status if job is not None else ("done" if items else "generating"),
+                    detail=f"{items} items",
+                    error=config_policy.paths_redact(job.error)[-1000:] if job else "",
+                    progress=job.progress if job is not None else None,
+                    started_at=following.created_at,
+                    finished_at=job.finished_at if job is not None else None,
+                    round_number=following.number,
+                    active=not items,
+                )
+            )
+        iterations.append(it)
+    events = []
+    if found is not None:
+        for event in found.events.select_related("round")[:30]:
+            events.append(
+                TimelineEvent(
+                    key=event.key,
+                    step=event.step,
+                    status=event.status,
+                    detail=config_policy.paths_redact(event.detail),
+                    started_at=event.started_at,
+                    duration_seconds=event.duration_seconds,
+                    round_number=event.round.number if event.round_id else None,
+                    run_id=event.training_run_id,
+                    model_version_id=event.model_version_id,
+                )
+            )
+    return Timeline(
+        project_id=project.pk,
+        has_loop=found is not None,
+        paused=found.paused if found is not None else False,
+        settings=found.config if found is not None else {},
+        every_seconds=schedule.interval.every if schedule and schedule.interval else None,
+        schedule_enabled=schedule.enabled if schedule is not None else None,
+        last_tick_at=found.last_tick_at if found else None,
+        last_tick_status=found.last_tick_status if found else "",
+        last_error=config_policy.paths_redact(found.last_error) if found else "",
+        last_steps=found.last_steps if found else [],
+        iterations=iterations,
+        events=events,
+    )
