@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from annotation.exports import ExportPolicy
 
 HUMAN = "human"  # LabelSource.HUMAN; models import this module, so not from there
+EVAL_PURPOSE = "eval"  # Round.Purpose.EVAL, for the same reason
 
 # field -> the value a primary judgment has there
 PRIMARY_FIELDS: dict[str, Any] = {"is_repeat": False, "is_gold": False, "item__is_gold": False}
@@ -63,8 +64,15 @@ class JudgmentQuerySet(models.QuerySet):
         return self.primary().unflagged().of_sources(sources)
 
     def for_policy(self, policy: ExportPolicy) -> JudgmentQuerySet:
-        """Keep the labels an export policy takes: rounds, sources, gold/repeat/flag rules."""
-        return self.in_rounds(policy.rounds).filter(policy_q(policy))
+        """Keep the labels an export policy takes: rounds, sources, gold/repeat/flag rules.
+
+        Labels of human evaluation rounds (Round.Purpose.EVAL) are never exported for training.
+        """
+        return (
+            self.in_rounds(policy.rounds)
+            .filter(policy_q(policy))
+            .exclude(item__round__purpose=EVAL_PURPOSE)
+        )
 
 
 def flagged_q() -> Q:

@@ -194,3 +194,43 @@ def test_llm_judge_through_the_real_served_endpoint(settings, served_policy, lin
         )
         if exchange["outcome"] != "agreed":
             assert outcome == "tie"
+
+
+def test_human_evaluation_round_labels_are_never_exported(settings, tmp_path):
+    from annotation.exports import dataset_version_export, dataset_version_load
+    from annotation.models import Judgment, Round
+    from tests.factories import make_items, make_user
+
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    project = make_project()
+    train_round = make_round(project)
+    eval_round = make_round(project)
+    eval_round.purpose = Round.Purpose.EVAL
+    eval_round.save(update_fields=["purpose"])
+    (train_item,) = make_items(project, 1, round_=train_round)
+    (eval_item,) = make_items(project, 1, round_=eval_round)
+    user = make_user()
+    for item in (train_item, eval_item):
+        Judgment.objects.create(project=project, item=item, annotator=user, choice="A")
+
+    version = dataset_version_export(
+        project=project, policy={"hf": False, "split": {"train": 1.0}, "rounds": [1, 2]}
+    )
+
+    rows = dataset_version_load(dataset_version=version)["train"]
+    assert [r["prompt"] for r in rows] == [train_item.prompt.text]
+
+
+def test_evaluation_prompts_never_reach_a_training_round(lineage):
+    from training.loop.mining import prompts_select
+
+    project, *_ = lineage
+    settings = _settings()
+    settings.n_prompts = 50
+    chosen = prompts_select(project=project, settings=settings, reward_models=[])
+    texts = [p if isinstance(p, str) else p[-1]["content"] for p in chosen]
+    eval_texts = set(
+        Prompt.objects.filter(project=project, split="eval").values_list("text", flat=True)
+    )
+    assert texts and not eval_texts & set(texts)
+    assert {p.prompt for p in evaluation_prompts(project=project, settings=settings)} <= eval_texts
