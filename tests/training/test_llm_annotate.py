@@ -209,6 +209,8 @@ def test_a_failing_judge_submits_nothing(live_server, settings, tmp_path):
     # the item the judge was on stays leased to it, to be served back on its next run
     assert Assignment.objects.filter(status=Assignment.Status.LEASED).count() == 2
 
+    with pytest.raises(CommandError, match="Prefloop does not answer at"):
+        _annotate(project, f"http://127.0.0.1:{free_port()}", "down")
     with pytest.raises(CommandError, match="endpoint: no endpoint named 'http://x'"):
         _annotate(project, live_server.url, "http://x")
     with pytest.raises(CommandError, match="No project"):

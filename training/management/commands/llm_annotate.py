@@ -4,6 +4,7 @@ as an AI annotator (source "ai"), asking each pair in both display orders."""
 import json
 from pathlib import Path
 
+import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -103,6 +104,10 @@ class Command(BaseCommand):
             except JudgeError as exc:
                 raise CommandError(
                     f"The LLM judge failed; nothing was submitted for the item it was on: {exc}"
+                ) from exc
+            except requests.RequestException as exc:
+                raise CommandError(
+                    f"Prefloop does not answer at {options['url']} ({type(exc).__name__})."
                 ) from exc
         outcomes = ", ".join(f"{k}={v}" for k, v in sorted(stats.outcomes.items())) or "none"
         self.stdout.write(
