@@ -91,3 +91,127 @@ def test_manual_decision_refuses_outsiders_annotators_and_bad_input():
     new.refresh_from_db()
     assert new.promotion == ""
     assert new.promoted_by is None
+
+
+def _evaluated(new, previous, *, ci_low, kl, length_ratio, judge_kind="reward_model"):
+    """Store an evaluation record as policy_evaluate leaves it (inputs of the gate)."""
+    from training.models import PolicyEvaluation
+
+    new.eval_results = {
+        "generation": {
+            "previous_id": previous.pk,
+            "kl_reference": {"available": kl is not None, "value": kl},
+            "length_ratio_vs_previous": length_ratio,
+        }
+    }
+    new.save(update_fields=["eval_results"])
+    PolicyEvaluation.objects.create(
+        policy=new,
+        opponent=previous,
+        judge_kind=judge_kind,
+        judge=f"{judge_kind} 1",
+        wins=20,
+        ties=2,
+        losses=10,
+        win_rate=0.656,
+        ci_low=ci_low,
+        ci_high=0.8,
+        n_prompts=32,
+    )
+
+
+def _loop_settings(**gate):
+    from training.loop.settings import LoopSettings
+
+    return LoopSettings(path="dpo", gate=gate)
+
+
+def test_gate_promotes_a_policy_within_every_criterion_and_rounds_follow_it():
+    from training.loop.gate import policy_gate
+
+    project, base, new = _project_with_policies()
+    _evaluated(new, base, ci_low=0.55, kl=3.0, length_ratio=1.2)
+
+    decided = policy_gate(policy=new, settings=_loop_settings(kl_budget=5.0))
+
+    assert decided.promotion == "promoted" and decided.promoted_by is None
+    criteria = decided.gate["criteria"]
+    assert criteria["win_rate_ci_low[reward_model 1]"] == {
+        "value": 0.55,
+        "threshold": 0.5,
+        "passed": True,
+        "judge_kind": "reward_model",
+        "opponent": base.pk,
+        "win_rate": 0.656,
+    }
+    assert criteria["kl_reference"] == {"value": 3.0, "threshold": 5.0, "passed": True}
+    assert criteria["length_ratio"]["passed"] is True
+    # No reward model in a DPO iteration: reported, not counted.
+    assert criteria["rm_test_accuracy"]["passed"] is None
+    assert decided.promotion_reason.startswith("passed")
+    assert policy_current(project=project) == new
+
+
+@pytest.mark.parametrize(
+    ("ci_low", "kl", "length_ratio", "failing"),
+    [
+        (0.45, 3.0, 1.0, "win_rate_ci_low[reward_model 1]"),
+        (0.6, 7.5, 1.0, "kl_reference"),
+        (0.6, 3.0, 2.5, "length_ratio"),
+    ],
+)
+def test_gate_keeps_a_failing_policy_unpromoted_and_rounds_stay_on_the_last_promoted(
+    ci_low, kl, length_ratio, failing
+):
+    from training.loop.gate import policy_gate
+
+    project, base, new = _project_with_policies()
+    staff = make_user(staff=True)
+    policy_promote(version=base, user=staff, reason="the base reads well")
+    _evaluated(new, base, ci_low=ci_low, kl=kl, length_ratio=length_ratio)
+
+    decided = policy_gate(policy=new, settings=_loop_settings(kl_budget=5.0))
+
+    assert decided.promotion == "rejected"
+    assert decided.gate["passed"] is False
+    assert decided.gate["criteria"][failing]["passed"] is False
+    assert failing in decided.promotion_reason
+    assert ModelVersion.objects.filter(pk=new.pk).exists()  # kept, not deleted
+    assert policy_current(project=project) == base
+    # A researcher overrides the gate by hand; the gate does not undo it.
+    policy_promote(version=new, user=staff, reason="the judge is too strict here")
+    assert policy_gate(policy=new, settings=_loop_settings(kl_budget=5.0)).promotion == "promoted"
+    assert policy_current(project=project) == new
+
+
+def test_gate_without_a_judge_or_kl_reports_them_and_a_failed_evaluation_is_not_promoted():
+    from training.loop.gate import kl_budget, policy_gate
+
+    project, base, new = _project_with_policies()
+    new.eval_results = {
+        "generation": {
+            "previous_id": base.pk,
+            "kl_reference": {"available": False, "reason": "not available: endpoint"},
+        }
+    }
+    new.save(update_fields=["eval_results"])
+    settings = _loop_settings()
+    assert kl_budget(settings=settings) == settings.gate["kl_budget"] == 20.0
+    decided = policy_gate(policy=new, settings=settings)
+    assert decided.gate["criteria"]["win_rate_ci_low"]["passed"] is None
+    assert decided.gate["criteria"]["kl_reference"]["note"] == "not available: endpoint"
+    assert decided.promotion == "promoted"
+
+    other = ModelVersion.objects.create(name="other", artifact_path="/o", project=project)
+    refused = policy_gate(policy=other, settings=settings, evaluation_error="no eval prompts")
+    assert refused.promotion == "rejected"
+    assert "no eval prompts" in refused.promotion_reason
+
+
+def test_gate_settings_refuse_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError, match="unknown gate setting"):
+        _loop_settings(kl=3)
+    with pytest.raises(ValueError, match="kl_budget"):
+        _loop_settings(kl_budget="a lot")
+    with pytest.raises(ValueError, match="win_rate_judges"):
+        _loop_settings(win_rate_judges=["oracle"])
