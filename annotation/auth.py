@@ -3,7 +3,7 @@
 Every annotation request authenticates, so this is the hottest query of the API. DRF's
 `TokenAuthentication` builds an ORM query per request and the submit path then asked for
 the caller's groups in a second one; here one raw statement reads the token, the user and
-the machine group (`annotation.services.SOURCE_GROUPS`) together. The same statement tells
+the machine group (`annotation.members.SOURCE_GROUPS`) together. The same statement tells
 whether the token is older than `API_TOKEN_LIFETIME`: human accounts' tokens expire, machine
 accounts get a fresh one per run (`simulated_annotator_ensure`).
 
@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy as _
 from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
-from annotation.services import SOURCE_GROUPS, user_label_source_remember
+from annotation.members import SOURCE_GROUPS, user_label_source_remember
 
 
 @functools.cache

@@ -4,8 +4,8 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from django.db import transaction
 
 from annotation.errors import ServiceError
+from annotation.members import membership_set
 from annotation.models import Membership, Project, TaskKind
-from annotation.services import membership_set
 
 # The settings a researcher chooses when creating a project; everything else is the server's.
 PROJECT_SETTINGS = (

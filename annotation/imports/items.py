@@ -29,7 +29,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
-from annotation.services import round_create
+from annotation.rounds import round_create
 
 GENERATION_KEYS = {
     "batch",  # [start, size, row] of a batched generate() call: needed to reproduce a sample

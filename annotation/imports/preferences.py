@@ -42,7 +42,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
-from annotation.services import round_close, round_create
+from annotation.rounds import round_close, round_create
 
 
 @dataclass

@@ -1,0 +1,464 @@
+"""Serving: claim the next item for an annotator, keep and end leases, take skips.
+
+Serving is correct under concurrency on PostgreSQL:
+- an annotator's calls are serialised by a row lock on their Membership;
+- items are claimed with `SELECT ... FOR UPDATE SKIP LOCKED` and their `n_taken` counter is
+  bumped in the same statement (`_claim_primary`), so a concurrent claimer that read a stale
+  row re-checks `n_taken < overlap` on the new row version (PostgreSQL's EvalPlanQual) and
+  moves on;
+- every other path that changes `n_taken` (expiry, skip) locks the item row too.
+
+Blindness: gold items and planned repeats are drawn only while primary work remains for the
+annotator (the gold claim carries that test in its own statement), so a 204 means "done"
+whatever the kind, and skipping every primary item ends the work instead of unlocking the gold.
+Items of equal fill are served in a per-annotator order (a keyed hash of the item id), so
+people working at the same moment do not move through the items in lockstep.
+"""
+
+import functools
+import hashlib
+import hmac
+import random
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef
+from django.utils import timezone
+
+from annotation import sql
+from annotation.errors import Conflict, Forbidden, NotFound, ServiceError, SkipBudgetSpent
+from annotation.models import Assignment, Item, Membership, Project, Round, Skip
+
+EXPIRY_BATCH = 100
+# The claim shuffles (per annotator) the this-many least-filled items it could serve, in
+# (n_taken, id) order: shuffling every open item costs a sort of the whole round per request
+# (60 ms at 20k items against 0.1 ms), and a window this wide already keeps concurrent
+# annotators apart.
+SHUFFLE_WINDOW = 64
+
+
+def _membership_for_update(*, project_id: int, user) -> Membership:
+    membership = _locked_with_project(
+        Membership, where='x."project_id" = %s AND x."user_id" = %s', params=[project_id, user.pk]
+    )
+    if membership is None:
+        raise NotFound("No such project.")
+    return membership
+
+
+def _locked_with_project(model, *, where: str, params: list):
+    """Lock the one row of `model` (aliased `x`) matching `where`; return it with its project."""
+    found = sql.fetch_one(
+        locked_with_project_sql(model, where, connection.vendor), params, model, Project
+    )
+    if found is None:
+        return None
+    row, row.project = found
+    return row
+
+
+@functools.cache
+def locked_with_project_sql(model, where: str, vendor: str, extra: str = "") -> str:
+    return (
+        f"SELECT {sql.columns(model, 'x')}, {sql.columns(Project, 'p')}{extra} "
+        f'FROM "{model._meta.db_table}" x JOIN "{Project._meta.db_table}" p '
+        f'ON p."id" = x."project_id" WHERE {where}{sql.lock(vendor, "x")}'
+    )
+
+
+def leases_expire(*, project_id: int, now=None) -> int:
+    """Mark overdue leases of a project expired and give their items back; return how many."""
+    now = now or timezone.now()
+    overdue = sql.fetch_all(
+        _overdue_sql(connection.vendor),
+        [project_id, Assignment.Status.LEASED, connection.ops.adapt_datetimefield_value(now)],
+    )
+    if not overdue:
+        return 0
+    # The rows are locked and still LEASED, so this update moves every one of them.
+    Assignment.objects.filter(id__in=[a[0] for a in overdue]).update(
+        status=Assignment.Status.EXPIRED, finished_at=now
+    )
+    _items_release(
+        item_ids=[item_id for _, item_id, kind in overdue if kind != Assignment.Kind.REPEAT]
+    )
+    return len(overdue)
+
+
+@functools.cache
+def _overdue_sql(vendor: str) -> str:
+    # Run by every `next`: written out once (see annotation/sql.py).
+    return (
+        f'SELECT "id", "item_id", "kind" FROM "{Assignment._meta.db_table}" '
+        f'WHERE "project_id" = %s AND "status" = %s AND "lease_expires" < %s '
+        f"LIMIT {EXPIRY_BATCH}{sql.lock(vendor, skip_locked=True)}"
+    )
+
+
+def _items_release(*, item_ids: list[int]) -> None:
+    """Decrement `n_taken` once per listed item id, locking items in id order."""
+    counts: dict[int, int] = {}
+    for item_id in item_ids:
+        counts[item_id] = counts.get(item_id, 0) + 1
+    for item_id in sorted(counts):
+        Item.objects.filter(pk=item_id).update(n_taken=F("n_taken") - counts[item_id])
+
+
+def _display_order(k: int, rng: random.Random) -> list[int]:
+    order = list(range(k))
+    rng.shuffle(order)
+    return order
+
+
+def _serving_salt(user_id: int) -> str:
+    """Return the annotator's key for the serving order: stable, and not guessable by others."""
+    key = settings.SECRET_KEY.encode()
+    return hmac.new(key, f"serving-order:{user_id}".encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def _primary_params(*, project: Project, user) -> list:
+    """Parameters of `_primary_open_sql`, in order."""
+    return [
+        project.pk,
+        Round.Status.OPEN,
+        project.overlap,
+        user.pk,
+        Assignment.Status.EXPIRED,
+        Assignment.Kind.REPEAT,
+    ]
+
+
+def _primary_open_sql(alias: str) -> str:
+    """FROM/WHERE of the open primary items this annotator has not had (`_primary_params`)."""
+    items, rounds = Item._meta.db_table, Round._meta.db_table
+    assignments = Assignment._meta.db_table
+    return f"""
+        FROM "{items}" {alias} JOIN "{rounds}" {alias}r ON {alias}r."id" = {alias}."round_id"
+        WHERE {alias}."project_id" = %s AND NOT {alias}."is_gold"
+          AND {alias}r."status" = %s AND {alias}."n_taken" < %s
+          AND NOT EXISTS (
+              SELECT 1 FROM "{assignments}" {alias}a
+              WHERE {alias}a."item_id" = {alias}."id" AND {alias}a."annotator_id" = %s
+                AND {alias}a."status" <> %s AND {alias}a."kind" <> %s
+          )
+    """
+
+
+def _claim_primary(*, project: Project, user) -> Item | None:
+    """Claim a least-served open item this annotator has not had, and count it taken.
+
+    One statement, the hottest of the serving path: the first subquery takes the
+    `SHUFFLE_WINDOW` least-filled items the annotator may have and locks the first of them
+    in the annotator's own order (`FOR UPDATE ... SKIP LOCKED` re-checks `n_taken < overlap`
+    on the newest row version, so a row a concurrent claim filled is passed over); only when
+    every one of them was taken meanwhile does the second, unshuffled one run. The outer
+    UPDATE bumps the row.
+    """
+    primary = _primary_params(project=project, user=user)
+    item_id = sql.fetch_value(
+        _claim_primary_sql(connection.vendor),
+        [*primary, project.overlap, _serving_salt(user.pk), *primary],
+    )
+    return None if item_id is None else Item(pk=item_id)
+
+
+@functools.cache
+def _claim_primary_sql(vendor: str) -> str:
+    items = Item._meta.db_table
+    return f"""
+        UPDATE "{items}" SET "n_taken" = "n_taken" + 1
+        WHERE "id" = COALESCE(
+            (
+                SELECT i."id" FROM "{items}" i
+                WHERE i."id" IN (
+                    SELECT w."id" {_primary_open_sql("w")}
+                    ORDER BY w."n_taken", w."id" LIMIT {SHUFFLE_WINDOW}
+                ) AND i."n_taken" < %s
+                ORDER BY i."n_taken", MD5(CAST(i."id" AS TEXT) || %s)
+                LIMIT 1
+                {sql.lock(vendor, "i", skip_locked=True)}
+            ),
+            (
+                SELECT f."id" {_primary_open_sql("f")}
+                ORDER BY f."n_taken", f."id"
+                LIMIT 1
+                {sql.lock(vendor, "f", skip_locked=True)}
+            )
+        )
+        RETURNING "id"
+    """
+
+
+def _claim_gold(*, project: Project, user) -> Item | None:
+    """Claim a gold item the annotator has not had, only while primary work remains for them."""
+    item_id = sql.fetch_value(
+        _claim_gold_sql(),
+        [
+            project.pk,
+            Round.Status.OPEN,
+            user.pk,
+            Assignment.Status.EXPIRED,
+            *_primary_params(project=project, user=user),
+            _serving_salt(user.pk),
+        ],
+    )
+    return None if item_id is None else Item(pk=item_id)
+
+
+@functools.cache
+def _claim_gold_sql() -> str:
+    items, rounds = Item._meta.db_table, Round._meta.db_table
+    assignments = Assignment._meta.db_table
+    # Gold has no overlap cap, so nothing to skip or re-check: the UPDATE's row lock suffices.
+    return f"""
+        UPDATE "{items}" SET "n_taken" = "n_taken" + 1
+        WHERE "id" = (
+            SELECT g."id" FROM "{items}" g JOIN "{rounds}" gr ON gr."id" = g."round_id"
+            WHERE g."project_id" = %s AND g."is_gold" AND gr."status" = %s
+              AND NOT EXISTS (
+                  SELECT 1 FROM "{assignments}" ga
+                  WHERE ga."item_id" = g."id" AND ga."annotator_id" = %s AND ga."status" <> %s
+              )
+              AND EXISTS (SELECT 1 {_primary_open_sql("w")})
+            ORDER BY MD5(CAST(g."id" AS TEXT) || %s)
+            LIMIT 1
+        )
+        RETURNING "id"
+    """
+
+
+def _primary_open(*, project: Project, user_id: int):
+    """Return the open primary items the annotator has not had (as in `_primary_open_sql`)."""
+    had = (
+        Assignment.objects.filter(item=OuterRef("pk"), annotator_id=user_id)
+        .exclude(status=Assignment.Status.EXPIRED)
+        .exclude(kind=Assignment.Kind.REPEAT)
+    )
+    return Item.objects.filter(
+        project=project,
+        is_gold=False,
+        round__status=Round.Status.OPEN,
+        n_taken__lt=project.overlap,
+    ).filter(~Exists(had))
+
+
+def _claim_repeat(*, membership: Membership) -> Assignment | None:
+    """Pick a submitted primary item to show again, only while primary work remains."""
+    project = membership.project
+    latest_seq = membership.judgment_count - project.repeat_min_gap
+    if latest_seq < 0:
+        return None
+    already = Assignment.objects.filter(repeat_of=OuterRef("pk")).exclude(
+        status=Assignment.Status.EXPIRED
+    )
+    return (
+        Assignment.objects.filter(
+            project=project,
+            annotator_id=membership.user_id,
+            kind=Assignment.Kind.PRIMARY,
+            status=Assignment.Status.SUBMITTED,
+            seq__lte=latest_seq,
+            item__round__status=Round.Status.OPEN,
+        )
+        .filter(~Exists(already))
+        .filter(Exists(_primary_open(project=project, user_id=membership.user_id)))
+        .order_by("seq")
+        .only("id", "item_id", "display_order")
+        .first()
+    )
+
+
+def _skip_budget_spent(*, membership: Membership, project: Project) -> tuple[str, str] | None:
+    """Return (message to the annotator, note to researchers) once their skips exceed the
+    project's budget; None while they are within it."""
+    in_row = membership.skips_in_row
+    ask = "Ask the project's researchers to let you continue."
+    if project.max_skips_in_row and in_row >= project.max_skips_in_row:
+        return (
+            f"You skipped {in_row} items in a row; this project allows "
+            f"{project.max_skips_in_row}. {ask}",
+            f"{in_row} skips in a row (limit {project.max_skips_in_row})",
+        )
+    skipped = membership.skip_count
+    served = membership.judgment_count + skipped
+    if served >= max(project.skip_fraction_min_served, 1) and (
+        skipped > project.max_skip_fraction * served
+    ):
+        return (
+            f"You skipped {skipped} of the {served} items you were served; this project "
+            f"allows {project.max_skip_fraction:.0%}. {ask}",
+            f"{skipped} of {served} served items skipped (limit {project.max_skip_fraction:.0%})",
+        )
+    return None
+
+
+@transaction.atomic
+def assignment_next(
+    *, project_id: int, user, rng: random.Random | None = None
+) -> Assignment | None:
+    """Return the annotator's live assignment, or claim the next item for them; None when done."""
+    membership = _membership_for_update(project_id=project_id, user=user)
+    return serve_for_membership(membership=membership, user=user, rng=rng or random.Random())
+
+
+def serve_for_membership(
+    *, membership: Membership, user, rng: random.Random, live_possible: bool = True
+) -> Assignment | None:
+    """Serve the annotator of a locked membership their live lease or a new claim."""
+    # `live_possible=False` saves the lease lookup when the caller knows there is none.
+    project = membership.project
+    if project.archived:
+        raise NotFound("No such project.")
+    if membership.status != Membership.Status.ACTIVE:
+        raise Forbidden("Your annotation in this project is paused.", code="paused")
+    now = timezone.now()
+    lease_until = now + timedelta(seconds=project.lease_seconds)
+
+    live = _live_assignment(project_id=project.pk, user=user) if live_possible else None
+    if live is not None:
+        if live.lease_expires >= now:
+            live.lease_expires = lease_until
+            live.save(update_fields=["lease_expires"])
+            return live
+        # The annotator's own lease ran out: release it before serving anew.
+        _assignment_expire(live, now)
+    spent = _skip_budget_spent(membership=membership, project=project)
+    if spent is not None:
+        raise SkipBudgetSpent(spent[0])
+    leases_expire(project_id=project.pk, now=now)
+
+    # The kind is drawn first, whatever the annotator did before; gold and repeats are then
+    # served only while primary work remains for them (see the module docstring).
+    draw = rng.random()
+    kind, item, repeat_of, order = None, None, None, None
+    if draw < project.gold_rate:
+        item = _claim_gold(project=project, user=user)
+        kind = Assignment.Kind.GOLD
+    elif draw < project.gold_rate + project.repeat_rate:
+        repeat_of = _claim_repeat(membership=membership)
+        if repeat_of is not None:
+            kind = Assignment.Kind.REPEAT
+            item = Item(pk=repeat_of.item_id)
+            # Sides flipped: the same candidates, shown in the reverse order.
+            order = list(reversed(repeat_of.display_order))
+    if item is None:
+        item = _claim_primary(project=project, user=user)
+        kind = Assignment.Kind.PRIMARY
+    if item is None:
+        return None
+    return sql.insert(
+        Assignment(
+            project=project,
+            item_id=item.pk,
+            annotator=user,
+            kind=kind,
+            repeat_of=repeat_of,
+            display_order=order or _display_order(project.k, rng),
+            seq=membership.judgment_count,
+            lease_expires=lease_until,
+        )
+    )
+
+
+def _assignment_for_update(*, assignment_id: int, user) -> Assignment:
+    assignment = _locked_with_project(
+        Assignment, where='x."id" = %s AND x."annotator_id" = %s', params=[assignment_id, user.pk]
+    )
+    if assignment is None:
+        raise NotFound("No such assignment.")
+    return assignment
+
+
+def _live_assignment(*, project_id: int, user) -> Assignment | None:
+    """The annotator's leased assignment in a project (at most one: a DB constraint)."""
+    found = sql.fetch_one(_live_sql(), [project_id, user.pk, Assignment.Status.LEASED], Assignment)
+    return found[0] if found else None
+
+
+@functools.cache
+def _live_sql() -> str:
+    return (
+        f'SELECT {sql.columns(Assignment, "a")} FROM "{Assignment._meta.db_table}" a '
+        f'WHERE a."project_id" = %s AND a."annotator_id" = %s AND a."status" = %s '
+        f'ORDER BY a."id" DESC LIMIT 1'
+    )
+
+
+def _assignment_expire(assignment: Assignment, now) -> None:
+    """Expire a lease once: only the caller whose update moved it off LEASED releases the item."""
+    moved = Assignment.objects.filter(pk=assignment.pk, status=Assignment.Status.LEASED).update(
+        status=Assignment.Status.EXPIRED, finished_at=now
+    )
+    if moved and assignment.kind != Assignment.Kind.REPEAT:
+        _items_release(item_ids=[assignment.item_id])
+    assignment.status = Assignment.Status.EXPIRED
+
+
+def expire_if_overdue(assignment: Assignment, now) -> None:
+    if assignment.status == Assignment.Status.LEASED and assignment.lease_expires < now:
+        _assignment_expire(assignment, now)
+
+
+@transaction.atomic
+def assignment_skip(*, assignment_id: int, user, reason: str) -> Assignment:
+    """Give a leased item back with a reason; the annotator is not served it again."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError("A skip needs a reason.", code="reason")
+    if len(reason) > 500:
+        raise ServiceError("reason is longer than 500 characters.", code="reason")
+    assignment = _assignment_for_update(assignment_id=assignment_id, user=user)
+    if assignment.status == Assignment.Status.SKIPPED:
+        return assignment
+    if assignment.status != Assignment.Status.LEASED:
+        raise Conflict(f"This assignment is {assignment.status}.", code=assignment.status)
+    now = timezone.now()
+    Assignment.objects.filter(pk=assignment.pk).update(
+        status=Assignment.Status.SKIPPED, finished_at=now
+    )
+    Skip.objects.create(assignment=assignment, reason=reason)
+    if assignment.kind != Assignment.Kind.REPEAT:
+        _items_release(item_ids=[assignment.item_id])
+    membership = (
+        Membership.objects.select_for_update()
+        .filter(project_id=assignment.project_id, user=user)
+        .first()
+    )
+    if membership is not None:
+        membership.skip_count += 1
+        membership.skips_in_row += 1
+        membership.last_finished_at = now
+        fields = ["skip_count", "skips_in_row", "last_finished_at"]
+        spent = _skip_budget_spent(membership=membership, project=assignment.project)
+        if spent is not None and not membership.flagged:
+            # The next `next` answers 429; the researchers see why on the QC page.
+            membership.flagged = True
+            membership.status_reason = f"Skip budget spent: {spent[1]}."
+            fields += ["flagged", "status_reason"]
+        membership.save(update_fields=fields)
+    assignment.status = Assignment.Status.SKIPPED
+    return assignment
+
+
+@transaction.atomic
+def assignment_heartbeat(*, assignment_id: int, user) -> Assignment:
+    """Extend a live lease by the project's lease length."""
+    assignment = _assignment_for_update(assignment_id=assignment_id, user=user)
+    now = timezone.now()
+    expire_if_overdue(assignment, now)
+    if assignment.status != Assignment.Status.LEASED:
+        raise Conflict(
+            "The lease on this item expired; ask for the next item."
+            if assignment.status == Assignment.Status.EXPIRED
+            else f"This assignment is {assignment.status}.",
+            code="lease_expired" if assignment.status == "expired" else assignment.status,
+        )
+    assignment.lease_expires = now + timedelta(seconds=assignment.project.lease_seconds)
+    Assignment.objects.filter(pk=assignment.pk).update(lease_expires=assignment.lease_expires)
+    return assignment
+
+
+def assignment_expire(*, assignment: Assignment, now=None) -> None:
+    """End a live lease (e.g. when QC pauses its annotator); a second call changes nothing."""
+    _assignment_expire(assignment, now or timezone.now())
