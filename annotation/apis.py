@@ -72,28 +72,9 @@ class ProjectOutput(serializers.ModelSerializer):
 class ProjectResearcherOutput(serializers.ModelSerializer):
     class Meta:
         model = Project
-        fields = [
-            "id",
-            "name",
-            "rubric",
-            "task_kind",
-            "k",
-            "overlap",
-            "gold_rate",
-            "repeat_rate",
-            "repeat_min_gap",
-            "lease_seconds",
-            "max_skip_fraction",
-            "max_skips_in_row",
-            "skip_fraction_min_served",
-            "allow_tie",
-            "allow_both_bad",
-            "ask_strength",
-            "ask_confidence",
-            "ask_rationale",
-            "max_text_chars",
-            "created_at",
-        ]
+        # Every setting a researcher chooses (listed once, in annotation.projects), then the
+        # server's own fields.
+        fields = ["id", *projects.PROJECT_SETTINGS, "archived", "created_at"]
 
 
 class MembershipOutput(serializers.Serializer):

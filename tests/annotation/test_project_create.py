@@ -8,7 +8,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from annotation.models import Membership, Project
-from annotation.projects import ProjectInvalid, project_create
+from annotation.projects import PROJECT_SETTINGS, ProjectInvalid, project_create
 from tests.factories import make_user
 
 pytestmark = pytest.mark.django_db
@@ -108,3 +108,24 @@ def test_admin_add_form_creates_the_project_with_its_inline_members():
     assert [(m.user, m.role) for m in project.memberships.all()] == [
         (annotator, Membership.Role.ANNOTATOR)
     ]
+
+
+def test_api_shows_its_manager_every_setting_chosen_and_whether_the_project_is_archived():
+    # given a project created through the API with a setting off its default
+    staff = make_user(staff=True)
+    api = APIClient()
+    api.force_authenticate(staff)
+    created = api.post("/api/projects/", {"name": "shown", "overlap": 5}, format="json")
+    assert created.status_code == 201, created.json()
+    project = Project.objects.get(name="shown")
+    # when it is archived and its manager reads it back
+    project.archived = True
+    project.save(update_fields=["archived"])
+    shown = api.get(f"/api/projects/{project.pk}/").json()
+    # then every setting a researcher chooses is there with its stored value, and the state
+    assert set(PROJECT_SETTINGS) <= set(created.json()) and set(PROJECT_SETTINGS) <= set(shown)
+    assert {name: shown[name] for name in PROJECT_SETTINGS} == {
+        name: getattr(project, name) for name in PROJECT_SETTINGS
+    }
+    assert shown["overlap"] == 5
+    assert (created.json()["archived"], shown["archived"]) == (False, True)
