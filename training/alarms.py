@@ -143,7 +143,8 @@ def stop_on_alarm_check(value: Any) -> str | None:
         return "expected true, false or a list of alarm kinds."
     unknown = sorted(set(value) - ALARM_KINDS)
     if unknown:
-        return f"unknown alarm kind(s) {', '.join(unknown)}; known: {', '.join(sorted(ALARM_KINDS))}."
+        known = ", ".join(sorted(ALARM_KINDS))
+        return f"unknown alarm kind(s) {', '.join(unknown)}; known: {known}."
     return None
 
 

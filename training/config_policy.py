@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 
 from annotation.errors import NotFound, ServiceError
+from training.alarms import stop_on_alarm_check
 
 # Path field of the recipe configs -> the id field a non-staff caller gives instead.
 MODEL_ID_FIELDS = {
@@ -234,7 +235,19 @@ def model_version_for_run(*, user, project, version_id: Any, field: str):
         project is None or selectors.model_version_project_id(version=version) != project.pk
     ):
         raise _refuse(field, "the model version belongs to another project.")
+    model_version_usable(version=version, field=field)
     return version
+
+
+def model_version_usable(*, version, field: str) -> None:
+    """Refuse a model version whose validation has not passed (the one rule of "usable")."""
+    if version.status == "ready":
+        return
+    if version.status == "failed":
+        detail = f"failed validation: {version.validation_error or 'no reason recorded'}"
+    else:
+        detail = f"is {version.status}: usable once its validation passed"
+    raise _refuse(field, f"model version {version.name!r} {detail}")
 
 
 def training_run_for_run(*, user, project, run_id: Any, field: str):
@@ -258,6 +271,7 @@ def model_version_folder(*, version, field: str) -> str:
     """Return the folder of a registered model, checked against the roots like any path."""
     if version.kind == "endpoint":
         raise _refuse(field, "a policy behind an endpoint has no weights here to train from.")
+    model_version_usable(version=version, field=field)
     return path_check(value=version.artifact_path, field=field)
 
 
@@ -295,6 +309,10 @@ def training_config_resolve(
     config = dict(config)
     if "resume" in config:
         raise _refuse("config.resume", "set by the runner, not by the config.")
+    if "stop_on_alarm" in config:
+        problem = stop_on_alarm_check(config["stop_on_alarm"])
+        if problem:
+            raise _refuse("config.stop_on_alarm", problem)
     if "trl_args" in config:
         _check_trl_args(recipe, config["trl_args"])
     if config.get("reward_function"):
@@ -344,8 +362,10 @@ def _run_checkpoint(user, project, run_id: Any, field: str) -> str:
 def training_config_for_cli(*, config: dict[str, Any]) -> dict[str, Any]:
     """Return the config the training CLI reads: the reward function's registered import path."""
     config = dict(config)
-    # The launcher's setting, not the CLI's (the supervisor passes it to accelerate launch).
+    # The launcher's and the supervisor's settings, not the CLI's (the supervisor passes the
+    # first to accelerate launch and acts on the second itself).
     config.pop("accelerate_config", None)
+    config.pop("stop_on_alarm", None)
     if config.get("reward_function"):
         config["reward_function"] = reward_function_resolve(name=config["reward_function"])
     return config

@@ -21,6 +21,7 @@ from training.trainers.checkpoints import checkpoint_complete, checkpoint_folder
 CONFIG_FILE = "train_config.json"
 LOG_FILE = "train.log"
 ERROR_TAIL_LINES = 30
+MAX_RECORDS = 20_000
 
 
 def incomplete_checkpoints_delete(output_dir: str | Path) -> list[str]:
@@ -66,6 +67,8 @@ class RunFiles:
     final_metrics: dict[str, Any] | None = None
     checkpoint: str = ""
     log_lines: int = 50
+    # The logged metric records (events left out), newest MAX_RECORDS kept, for the alarms.
+    records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def log_path(self) -> Path:
@@ -90,8 +93,14 @@ class RunFiles:
                 record = json.loads(raw)
             except ValueError:
                 continue
+            if not isinstance(record, dict):
+                continue
             event = record.get("event")
-            if event == "checkpoint" and record.get("path"):
+            if event is None and "step" in record:
+                self.records.append(record)
+                if len(self.records) > MAX_RECORDS:
+                    del self.records[: len(self.records) - MAX_RECORDS]
+            elif event == "checkpoint" and record.get("path"):
                 self.checkpoint = str(record["path"])
             elif event == "final":
                 self.final_metrics = {

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from training import alarms as run_alarms_rules
 from training import config_policy, processes
 from training.config_policy import InvalidTrainingConfig
 from training.models import TrainingRun
@@ -161,10 +162,12 @@ def training_run_execute(
         return _record_failure(run.pk, claim.attempt, str(exc), exit_code=None, tail="")
 
     files = RunFiles(output_dir=output_dir, log_lines=int(settings.TRAINING_LOG_TAIL_LINES))
+    watch = AlarmWatch.for_run(run, claim.attempt)
     run_json = read_json(output_dir / "run.json") or {}
     if run_json.get("status") == "finished" and (output_dir / "final").is_dir():
         # The process finished but its supervisor died before recording it: just record.
         files.poll()
+        watch.check(files, force=True)
         return _record_exit(run.pk, claim.attempt, 0, files)
     try:
         process = _launch(claim, files)
@@ -172,15 +175,16 @@ def training_run_execute(
         return _record_failure(run.pk, claim.attempt, str(exc), exit_code=None, tail="")
     try:
         TrainingRun.objects.filter(pk=run.pk, attempts=claim.attempt).update(child_pid=process.pid)
-        exit_code = _supervise(run.pk, claim.attempt, process, files, on_progress)
+        exit_code = _supervise(run.pk, claim.attempt, process, files, on_progress, watch)
     finally:
         if process.poll() is None:
             processes.terminate(process)
         # leftovers such as dataloader workers
         processes.signal_group(process.pid, signal.SIGKILL)
-    if exit_code is None:  # taken over by another supervisor, or put back in the queue
+    if exit_code is None:  # taken over, put back in the queue, or stopped by an alarm
         return TrainingRun.objects.filter(pk=run.pk).first()
     files.poll()
+    watch.check(files, force=True)
     return _record_exit(run.pk, claim.attempt, exit_code, files)
 
 
@@ -238,11 +242,13 @@ def _supervise(
     process: subprocess.Popen,
     files: RunFiles,
     on_progress: Callable[[Progress], None] | None,
+    watch: AlarmWatch,
 ) -> int | None:
     """Stream progress into the row until the process exits; return its exit code.
 
-    Return None when the row says another supervisor owns the run (the process is killed).
-    A cancelled run has its process group terminated and its exit code returned.
+    Return None when the row says another supervisor owns the run, or when an alarm its
+    config stops on fired (the process is killed and the stop recorded). A cancelled run has
+    its process group terminated and its exit code returned.
     """
     poll = float(settings.TRAINING_POLL_SECONDS)
     max_runtime = float(settings.TRAINING_MAX_RUNTIME_SECONDS or 0)
@@ -267,6 +273,13 @@ def _supervise(
             )
         if exit_code is not None:
             return exit_code
+        stop = watch.check(files) if state == TrainingRun.Status.RUNNING else None
+        if stop is not None:
+            with files.log_path.open("a") as log:
+                log.write(f"=== stopping: alarm {stop['kind']} at step {stop['step']}\n")
+            processes.terminate(process)
+            _record_alarm_stop(run_id, attempt, stop, files)
+            return None
         if state == TrainingRun.Status.CANCELLED:
             processes.terminate(process)
             return process.returncode
@@ -279,6 +292,85 @@ def _supervise(
                 log.write(f"=== stopping: over TRAINING_MAX_RUNTIME_SECONDS={max_runtime:.0f}\n")
             processes.terminate(process)
             return process.returncode
+
+
+@dataclass
+class AlarmWatch:
+    """Computes a run's alarms as its metrics arrive; stores each kind once on the row."""
+
+    run_id: int
+    attempt: int
+    recipe: str
+    stop_kinds: frozenset[str]
+    stored: list[dict[str, Any]]
+    every: float
+    last_check: float = float("-inf")
+    records_checked: int = -1
+
+    @classmethod
+    def for_run(cls, run: TrainingRun, attempt: int) -> AlarmWatch:
+        return cls(
+            run_id=run.pk,
+            attempt=attempt,
+            recipe=run.recipe,
+            stop_kinds=run_alarms_rules.stop_kinds(run.recipe, run.config or {}),
+            stored=list(run.alarms or []),
+            every=float(settings.TRAINING_ALARM_CHECK_SECONDS),
+        )
+
+    def check(self, files: RunFiles, *, force: bool = False) -> dict[str, Any] | None:
+        """Check the alarms now if due; return the first new alarm that stops the run."""
+        now = time.monotonic()
+        if not force and now - self.last_check < self.every:
+            return None
+        if len(files.records) == self.records_checked and not force:
+            return None
+        self.last_check, self.records_checked = now, len(files.records)
+        known = {a["kind"] for a in self.stored}
+        fired = run_alarms_rules.run_alarms(self.recipe, files.records)
+        new = [a for a in fired if a.kind not in known]
+        stop = next((a for a in new if a.kind in self.stop_kinds), None)
+        for alarm in new:
+            action = "stopped" if alarm is stop else "recorded"
+            self.stored.append(run_alarms_rules.alarm_record(alarm, action=action))
+        try:
+            TrainingRun.objects.filter(pk=self.run_id, attempts=self.attempt).update(
+                alarms=self.stored, alarms_checked_at=timezone.now()
+            )
+        except DatabaseError:
+            logger.warning("training run %s: storing alarms failed", self.run_id, exc_info=True)
+            connection.close()
+        if new:
+            logger.warning(
+                "training run %s: alarm(s) %s", self.run_id, ", ".join(a.kind for a in new)
+            )
+        return run_alarms_rules.alarm_record(stop, action="stopped") if stop else None
+
+
+def _record_alarm_stop(run_id: int, attempt: int, alarm: dict[str, Any], files: RunFiles) -> None:
+    """Record a run its config stopped on an alarm, keeping its newest complete checkpoint."""
+    found = newest_complete_checkpoint(files.output_dir)
+    kept = (
+        f" Its newest complete checkpoint (step {found[1]}) is kept."
+        if found
+        else " It had saved no complete checkpoint."
+    )
+    error = (
+        f"Stopped by the alarm {alarm['kind']} at step {alarm['step']}: {alarm['reason']}."
+        f"{kept} (The run's config stops on this alarm: stop_on_alarm.)"
+    )
+    with transaction.atomic():
+        run = _locked_attempt(run_id, attempt)
+        if run is None or run.status != TrainingRun.Status.RUNNING:
+            return
+        run.status = TrainingRun.Status.FAILED
+        run.error = error
+        run.child_pid = None
+        run.finished_at = timezone.now()
+        run.log_tail = files.log_tail()
+        if found:
+            run.checkpoint_path = found[0]
+        run.save()
 
 
 def _heartbeat(run_id: int, attempt: int, files: RunFiles) -> str:

@@ -157,6 +157,9 @@ TRAINING_MAX_RUNTIME_SECONDS = 0
 TRAINING_MIN_FREE_BYTES = 1 << 30
 # Lines of the training log kept on the run's row.
 TRAINING_LOG_TAIL_LINES = 50
+# The supervisor checks a run's reward-hacking alarms (training/alarms.py) this often, and
+# once more when the run ends.
+TRAINING_ALARM_CHECK_SECONDS = 10.0
 
 # Imports (annotation/imports/): the largest upload taken, the largest file once
 # decompressed, and the longest line, in bytes; a file past a limit is refused whole with a
@@ -166,6 +169,14 @@ IMPORT_MAX_UPLOAD_BYTES = env.int("PREFLOOP_IMPORT_MAX_UPLOAD_BYTES", default=1 
 IMPORT_MAX_BYTES = env.int("PREFLOOP_IMPORT_MAX_BYTES", default=2 * 2**30)
 IMPORT_MAX_LINE_BYTES = env.int("PREFLOOP_IMPORT_MAX_LINE_BYTES", default=16 * 2**20)
 IMPORT_ASYNC_BYTES = env.int("PREFLOOP_IMPORT_ASYNC_BYTES", default=8 * 2**20)
+
+# Model uploads (training/registry.py): the largest archive a researcher may upload, and the
+# most its files may hold once unpacked, in bytes; past either it is refused with a 413 and
+# nothing is kept.
+PREFLOOP_MODEL_UPLOAD_MAX_BYTES = env.int("PREFLOOP_MODEL_UPLOAD_MAX_BYTES", default=4 * 2**30)
+PREFLOOP_MODEL_UNPACKED_MAX_BYTES = env.int(
+    "PREFLOOP_MODEL_UNPACKED_MAX_BYTES", default=8 * 2**30
+)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

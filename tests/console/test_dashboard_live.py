@@ -229,10 +229,23 @@ def _collapsing_entropy(entropy_key: str) -> list[dict]:
     [("sft", "entropy", False), ("dpo", "entropy", False), ("ppo", "entropy/rollout", True)],
 )
 def test_entropy_collapse_is_an_alarm_only_for_recipes_that_sample(tmp_path, recipe, key, alarmed):
+    # a run that ended before its supervisor stored alarms: the same rules run here, once
     _write_metrics(tmp_path, _collapsing_entropy(key))
-    run = TrainingRun.objects.create(recipe=recipe, status="running", output_dir=str(tmp_path))
+    run = TrainingRun.objects.create(recipe=recipe, status="succeeded", output_dir=str(tmp_path))
     curves, alarms = training_tab.curves_panel(run)
     kinds = {row[1] for row in alarms.rows}
     assert ("entropy_collapse" in kinds) is alarmed
     assert ({a.kind for a in curves.chart.alarms} == kinds) or not alarmed
     assert "§" not in curves.note and "et al." in curves.note
+
+
+def test_a_running_run_shows_the_alarms_its_supervisor_stored(tmp_path):
+    _write_metrics(tmp_path, _collapsing_entropy("entropy/rollout"))
+    stored = {"step": 7, "kind": "kl_limit", "reason": "KL 9 above 6", "action": "stopped"}
+    run = TrainingRun.objects.create(
+        recipe="ppo", status="running", output_dir=str(tmp_path), alarms=[stored]
+    )
+    curves, alarms = training_tab.curves_panel(run)
+    assert alarms.rows == [[7, "kl_limit", "KL 9 above 6", "stopped"]]
+    assert [(a.step, a.kind) for a in curves.chart.alarms] == [(7, "kl_limit")]
+

@@ -99,3 +99,40 @@ def test_alarm_steps_are_logged_steps():
     steps = {row["step"] for row in rows}
     assert all(a.step in steps for a in alarms)
     assert np.all(np.diff([a.step for a in alarms]) >= 0)
+
+
+class TestUpdateAndPreferenceAlarms:
+    def test_update_size_fires_on_the_first_smoothed_clip_fraction_over_the_limit(self):
+        # clip fraction 0.1 until step 500, then 0.6: the EMA (weight 0.6) crosses 0.3 at the
+        # second point over (0.6 * ~0.1 + 0.4 * 0.6 = 0.30 at the first; the next is higher)
+        rows = run(clip_fraction=lambda s: 0.1 if s < 500 else 0.6)
+        alarms = [a for a in training_alarms(rows) if a.kind == "update_size"]
+        assert len(alarms) == 1
+        assert alarms[0].step in (500, 510) and "clip fraction" in alarms[0].reason
+
+    def test_approx_kl_per_update_in_range_is_quiet(self):
+        rows = run(approx_kl=lambda s: 0.02, clip_fraction=lambda s: 0.15)
+        assert "update_size" not in kinds(training_alarms(rows))
+
+    def test_chosen_log_probability_falling_is_likelihood_displacement(self):
+        # baseline mean of the first 5 points is -50; the limit is 10 nats under it
+        rows = [
+            {"step": s, "chosen_logp": -50.0 - (0 if s <= 50 else (s - 50) * 0.5)}
+            for s in range(10, 310, 10)
+        ]
+        alarms = training_alarms(rows)
+        assert kinds(alarms) == ["likelihood_displacement"]
+        smoothed = smooth([r["chosen_logp"] for r in rows])
+        first = next(i for i, v in enumerate(smoothed) if v < -60.0)
+        assert alarms[0].step == rows[first]["step"]
+
+    def test_judge_falling_while_reward_rises_fires_and_judge_rising_does_not(self):
+        falling = run(reward=lambda s: s / 1000, judge=lambda s: 1.0 - max(0, s - 300) / 500)
+        rising = run(reward=lambda s: s / 1000, judge=lambda s: s / 2000)
+        fired = [a for a in training_alarms(falling) if a.kind == "judge_falling"]
+        assert len(fired) == 1 and fired[0].step > 300
+        assert "judge_falling" not in kinds(training_alarms(rising))
+
+    def test_judge_falling_needs_reward_rising(self):
+        flat_reward = run(reward=lambda s: 0.5, judge=lambda s: 1.0 - s / 1000)
+        assert "judge_falling" not in kinds(training_alarms(flat_reward))

@@ -102,8 +102,8 @@ def _thin(indices: int) -> np.ndarray:
 
 def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
     """Return the run's curves (raw and smoothed) and its reward-hacking alarms."""
-    raw = read_metrics(run)
-    records, sources = canonical_metrics(raw)
+    logged = read_metrics(run)
+    records, sources = canonical_metrics(logged)
     title = f"Training curves: run {run.pk} ({run.recipe})"
     if not records:
         message = "No metrics logged yet." if run.output_dir else "The run has no output folder."
@@ -128,12 +128,10 @@ def curves_panel(run: TrainingRun) -> tuple[Panel, Panel]:
             points.append([int(s.steps[i]), raw, smoothed])
         charts.append(Curve(name, CURVE_TITLES[name], sources[name], points))
     allowed = RECIPE_ALARMS.get(run.recipe)
-    alarms = stored_alarms(run, raw)
+    alarms = stored_alarms(run, logged)
     chart = CurvesChart(
         charts=charts,
-        alarms=[
-            CurveAlarm(a["step"], a["kind"], ALARM_METRICS.get(a["kind"], "")) for a in alarms
-        ],
+        alarms=[CurveAlarm(a["step"], a["kind"], ALARM_METRICS.get(a["kind"], "")) for a in alarms],
     )
     curves_panel_ = Panel(
         key="curves",
@@ -170,7 +168,8 @@ def stored_alarms(run: TrainingRun, records: list[dict]) -> list[dict]:
         return list(run.alarms)
     if run.alarms_checked_at is not None:
         return []
-    return [{"step": a.step, "kind": a.kind, "reason": a.reason} for a in run_alarms(run.recipe, records)]
+    computed = run_alarms(run.recipe, records)
+    return [{"step": a.step, "kind": a.kind, "reason": a.reason} for a in computed]
 
 
 def _no_alarm_message(allowed: frozenset[str] | None) -> str:
