@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('training', '0006_registry_loop_evaluation'),
+        ("training", "0006_registry_loop_evaluation"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='trainingrun',
-            name='alarms',
+            model_name="trainingrun",
+            name="alarms",
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddField(
-            model_name='trainingrun',
-            name='alarms_checked_at',
+            model_name="trainingrun",
+            name="alarms_checked_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]
