@@ -117,6 +117,11 @@ class ModelVersionOutput(serializers.ModelSerializer):
             "endpoint_model",
             "lineage",
             "created_at",
+            # Registry: usable only when status is ready (training/registry.py).
+            "status",
+            "source",
+            "validation",
+            "validation_error",
         ]
 
     def get_lineage(self, version: ModelVersion) -> list[str]:

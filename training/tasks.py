@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Task, shared_task
 from django.db import InterfaceError, OperationalError
 
-from training import services, supervisor
+from training import registry, services, supervisor
 
 
 class TrainingTask(Task):
@@ -43,6 +43,32 @@ def requeue_stale_runs() -> list[int]:
     started = services.broker_started_at()
     lost = services.training_runs_requeue_lost(broker_started_at=started) if started else []
     return services.training_runs_requeue_stale() + lost
+
+
+class ValidationTask(Task):
+    """Record a validation task's final failure on the model version's row."""
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        version_id = kwargs.get("version_id", args[0] if args else None)
+        if version_id is not None:
+            registry.model_version_validation_fail(version_id=version_id, error=repr(exc))
+
+
+# Loading a model once on a CPU is enough to validate it: the `default` queue of the CPU
+# workers (worker-cpu in docker-compose.yml), not a GPU worker's.
+@shared_task(
+    base=ValidationTask,
+    queue="default",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=5,
+    max_retries=5,
+)
+def validate_model_version(version_id: int) -> str | None:
+    """Validate a registered model version; a version already decided is left alone."""
+    version = registry.model_version_validate(version_id=version_id)
+    return version.status if version is not None else None
 
 
 class GenerationTask(Task):

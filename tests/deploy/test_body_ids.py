@@ -179,6 +179,20 @@ def _preferences_file() -> SimpleUploadedFile:
     return SimpleUploadedFile("prefs.jsonl", b'{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
 
 
+def _model_archive() -> SimpleUploadedFile:
+    """Return a .tar.gz holding a config.json (enough to be unpacked and registered)."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        data = b'{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}'
+        info = tarfile.TarInfo("config.json")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return SimpleUploadedFile("model.tar.gz", buffer.getvalue())
+
+
 def _run_body(**ids) -> Callable[[World], dict]:
     """Return a training run request naming the given objects (callables of the world)."""
     return lambda w: {"recipe": "reward", "config": {}, **{k: f(w) for k, f in ids.items()}}
@@ -393,6 +407,33 @@ CASES = [
     Case("cancel B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/cancel/"),
     Case("resume B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/resume/"),
     Case("B's model version", "GET", lambda w: f"/api/training/models/{w.b_model.pk}/"),
+    # The registry: an upload into B, B's run version named or validated, a folder for B.
+    Case(
+        "upload a model into B",
+        "POST",
+        lambda w: f"/api/training/projects/{w.b.pk}/models/upload/",
+        lambda w: {"file": _model_archive(), "name": "into-b", "kind": "policy"},
+        encoding="multipart",
+    ),
+    Case(
+        "name B's run version",
+        "POST",
+        lambda w: f"/api/training/models/{w.b_model.pk}/register/",
+        lambda w: {"name": "mine-now"},
+    ),
+    Case("validate B's model", "POST", lambda w: f"/api/training/models/{w.b_model.pk}/validate/"),
+    Case(
+        "register a folder for B",
+        "POST",
+        lambda w: "/api/training/models/folder/",
+        lambda w: {
+            "name": "f",
+            "kind": "policy",
+            "path": w.a_model.artifact_path,
+            "project_id": w.b.pk,
+        },
+        field="project_id",
+    ),
     Case("B's run on the dashboard", "GET", lambda w: f"/dashboard/runs/{w.b_run.pk}/"),
     # The console names B's objects inside A's project URL.
     Case(

@@ -121,6 +121,12 @@ ACCESS: dict[str, Rule] = {
     "api-training-run-resume": Rule(post=RESEARCHER),
     "api-model-versions": Rule(get=ANY_RESEARCHER),
     "api-model-version": Rule(get=RESEARCHER),
+    # The registry: folders are staff's; uploads, naming a run's version and validating again
+    # are the project's researchers' (an empty upload is a 400 naming the field).
+    "api-model-register-folder": Rule(post=STAFF),
+    "api-model-upload": Rule(post=RESEARCHER),
+    "api-model-version-register": Rule(post=RESEARCHER, data=lambda w: {"name": "renamed-v1"}),
+    "api-model-version-validate": Rule(post=RESEARCHER),
     # Names and models of the deployment's generation endpoints (no URLs, no keys).
     "api-generation-endpoints": Rule(get=ANY_RESEARCHER),
     # An unknown endpoint is a 400 for P's researchers; other projects' researchers get 404.

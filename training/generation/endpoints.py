@@ -191,6 +191,12 @@ def candidates_generate(
     progress: Callable[[int], None] | None = None,
 ) -> list[list[Candidate]]:
     """Return k candidates per prompt from the model version, through its backend."""
+    from training.config_policy import InvalidTrainingConfig, model_version_usable
+
+    try:
+        model_version_usable(version=model_version, field="model_version")
+    except InvalidTrainingConfig as exc:
+        raise GenerationError(exc.message) from exc
     backend = generation_backend_for(model_version=model_version)
     return backend.generate(
         prompts, k=k, settings=settings, model_name=model_version.name, progress=progress
