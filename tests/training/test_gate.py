@@ -215,3 +215,64 @@ def test_gate_settings_refuse_unknown_keys_and_bad_values():
         _loop_settings(kl_budget="a lot")
     with pytest.raises(ValueError, match="win_rate_judges"):
         _loop_settings(win_rate_judges=["oracle"])
+
+
+@pytest.mark.parametrize("passes", [True, False], ids=["gate passes", "gate fails"])
+def test_a_loop_iteration_evaluates_gates_and_generates_from_the_last_promoted_policy(
+    settings, tmp_path, tiny_policy_dir, passes
+):
+    from annotation.imports import content_hash
+    from annotation.models import Judgment, Prompt
+    from training.loop import loop_advance
+    from training.loop.settings import LoopSettings
+    from training.models import PolicyEvaluation
+    from training.rounds import generate_round_now
+
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    project = make_project(overlap=1)
+    for split, count in (("train", 8), ("eval", 4)):
+        for i in range(count):
+            text = f"What is {i} + {i + 2}? ({split})"
+            Prompt.objects.create(
+                project=project,
+                text=text,
+                content_hash=content_hash(text),
+                in_pool=True,
+                split=split,
+            )
+    base = ModelVersion.objects.create(
+        name=f"tiny-base-{project.pk}", artifact_path=str(tiny_policy_dir), project=project
+    )
+    loop_settings = LoopSettings(
+        path="dpo",
+        n_prompts=8,
+        generation={"temperature": 1.0, "max_new_tokens": 6},
+        dpo={"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 2},
+        evaluation={"n_prompts": 4},
+        # Failing: any answer longer than nothing breaks a length ratio of 0.
+        gate={"kl_budget": None, "max_length_ratio": 2.0 if passes else 0.0},
+    )
+    round1 = generate_round_now(
+        project_id=project.pk,
+        model_version_id=base.pk,
+        source_key="round-1",
+        settings=loop_settings.to_dict(),
+    )
+    annotator = make_user()
+    for item in round1.items.all():
+        Judgment.objects.create(project=project, item=item, annotator=annotator, choice="A")
+
+    state = loop_advance(project=project, settings=loop_settings, sync=True)
+
+    steps = {s.name: s for s in state.steps}
+    assert steps["dpo"].status == "done", state.steps
+    new = ModelVersion.objects.get(training_run__project=project, training_run__recipe="dpo")
+    assert steps["evaluate"].status == "done"
+    assert "generation" in new.eval_results
+    assert new.eval_results["generation"]["kl_reference"]["available"] is True
+    assert not PolicyEvaluation.objects.filter(policy=new).exists()  # a pool DPO: no judge
+    assert new.promotion == ("promoted" if passes else "rejected")
+    assert steps["gate"].detail.startswith(new.promotion)
+    # The next round comes from the last promoted policy: the new one, or still the base.
+    assert state.new_round.model_version == (new if passes else base)
+    assert state.new_round.items.exists()
