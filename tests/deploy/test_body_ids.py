@@ -32,7 +32,7 @@ from annotation import services
 from annotation.models import DatasetVersion, ImportJob, Item, Membership, Round
 from evaluation.models import AnnotatorAssessment
 from tests.factories import add_member, make_items, make_project, make_user
-from training.models import ModelVersion, TrainingRun
+from training.models import GenerationJob, ModelVersion, TrainingRun
 
 pytestmark = [
     pytest.mark.django_db,
@@ -69,6 +69,7 @@ class World:
     b_lease: object = None
     b_annotator: object = None
     b_import_job: object = None
+    b_generation_job: object = None
 
 
 @pytest.fixture
@@ -111,6 +112,9 @@ def world(db, tmp_path, settings) -> World:
     )
     w.b_import_job = ImportJob.objects.create(
         project=w.b, kind=ImportJob.Kind.ITEMS, file_name=f"{B_SECRETS[3]}.jsonl"
+    )
+    w.b_generation_job = GenerationJob.objects.create(
+        project=w.b, source_key="b-generation-job", request={"note": B_SECRETS[0]}
     )
 
     # Datasets, a run and the model it made: A's are the ones A may use.
@@ -407,6 +411,30 @@ CASES = [
     Case("cancel B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/cancel/"),
     Case("resume B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/resume/"),
     Case("B's model version", "GET", lambda w: f"/api/training/models/{w.b_model.pk}/"),
+    # Rounds generated from policies: B's policy named in A's request, B's job under A.
+    Case(
+        "generate A's round from B's policy",
+        "POST",
+        lambda w: f"/api/training/projects/{w.a.pk}/generation-jobs/",
+        lambda w: {"policies": [w.b_model.pk], "n_prompts": 1},
+        field="policies",
+    ),
+    Case(
+        "B's generation job under A",
+        "GET",
+        lambda w: f"/api/training/projects/{w.a.pk}/generation-jobs/{w.b_generation_job.pk}/",
+    ),
+    Case(
+        "A's generation jobs",
+        "GET",
+        lambda w: f"/api/training/projects/{w.a.pk}/generation-jobs/",
+        listing=True,
+    ),
+    Case(
+        "B's generation jobs",
+        "GET",
+        lambda w: f"/api/training/projects/{w.b.pk}/generation-jobs/",
+    ),
     # The registry: an upload into B, B's run version named or validated, a folder for B.
     Case(
         "upload a model into B",

@@ -238,6 +238,13 @@ def _import_job_id(w: World, route: Route, role: str) -> int:
     return (job or ImportJob.objects.create(project=w.project, kind="items")).pk
 
 
+def _generation_job_id(w: World, route: Route, role: str) -> int:
+    from training.models import GenerationJob
+
+    job = GenerationJob.objects.filter(project=w.project).first()
+    return (job or GenerationJob.objects.create(project=w.project, source_key="matrix-job")).pk
+
+
 def _assignment_id(w: World, route: Route, role: str) -> int:
     # One's own live assignment; a role without one tries the victim's (must be refused).
     own = w.assignments.get(role)
@@ -253,6 +260,7 @@ KWARGS = {
     "name": lambda w, route, role: "manifest.json",
     "run_id": lambda w, route, role: w.run.pk,
     "job_id": _import_job_id,
+    "generation_job_id": _generation_job_id,
     "version_id": lambda w, route, role: w.model_version.pk,
     # An item of P another annotator labelled, and that annotator (QC and review pages).
     "item_id": lambda w, route, role: w.victim_item.pk,

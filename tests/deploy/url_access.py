@@ -120,6 +120,9 @@ ACCESS: dict[str, Rule] = {
     "api-training-run-cancel": Rule(post=RESEARCHER),
     "api-training-run-resume": Rule(post=RESEARCHER),
     "api-model-versions": Rule(get=ANY_RESEARCHER),
+    # Rounds generated from the project's policies (an empty body is a 400 naming the fields).
+    "api-generation-jobs": Rule(get=RESEARCHER, post=RESEARCHER),
+    "api-generation-job": Rule(get=RESEARCHER),
     "api-model-version": Rule(get=RESEARCHER),
     # The registry: folders are staff's; uploads, naming a run's version and validating again
     # are the project's researchers' (an empty upload is a 400 naming the field).
