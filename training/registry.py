@@ -452,8 +452,9 @@ def _unpack_zip(fileobj: IO[bytes], staging: Path) -> None:
         declared = 0
         for info in infos:
             _member_path(info.filename, staging)
+            # Unix file type bits, when the archiver wrote them (0: a plain file).
             mode = info.external_attr >> 16
-            if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 raise _unsafe(f"member {info.filename!r} is a link or device; only files.")
             if info.flag_bits & 0x1:
                 raise _unsafe(f"member {info.filename!r} is encrypted.")
