@@ -234,3 +234,49 @@ def test_evaluation_prompts_never_reach_a_training_round(lineage):
     )
     assert texts and not eval_texts & set(texts)
     assert {p.prompt for p in evaluation_prompts(project=project, settings=settings)} <= eval_texts
+
+
+def test_a_human_evaluation_round_is_served_and_its_labels_become_a_judge(lineage):
+    from annotation.models import Judgment, Round
+    from tests.factories import make_user
+    from training.loop import loop_advance
+    from training.policy_eval import human_eval_round_request, human_eval_verdicts
+
+    project, base, child, _reward = lineage
+    settings = _settings()
+    job, reason = human_eval_round_request(
+        policy=child, project=project, settings=settings, sync=True
+    )
+    assert reason == "" and job.status == "succeeded", job.error
+    round_ = job.round
+    assert round_.purpose == Round.Purpose.EVAL and round_.status == Round.Status.OPEN
+    items = list(round_.items.select_related("prompt").prefetch_related("slots__candidate"))
+    assert items and {i.prompt.split for i in items} == {"eval"}
+    for item in items:
+        assert {s.candidate.model_name for s in item.slots.all()} == {child.name, base.name}
+
+    # Label: the child's answer wins on the first items, the base's on one, a tie on one.
+    annotator = make_user()
+    expected = []
+    for n, item in enumerate(items):
+        child_slot = next(s for s in item.slots.all() if s.candidate.model_name == child.name)
+        child_letter = "AB"[child_slot.position]
+        base_letter = "AB"[1 - child_slot.position]
+        choice, outcome = [(child_letter, "win"), (base_letter, "loss"), ("tie", "tie")][n % 3]
+        Judgment.objects.create(project=project, item=item, annotator=annotator, choice=choice)
+        expected.append(outcome)
+
+    (verdict,) = human_eval_verdicts(project=project)
+    assert verdict.judge_kind == "human" and verdict.policy == child
+    assert verdict.opponent == base
+    assert (verdict.wins, verdict.losses, verdict.ties) == (
+        expected.count("win"),
+        expected.count("loss"),
+        expected.count("tie"),
+    )
+    assert verdict.ci_low <= verdict.win_rate <= verdict.ci_high
+    assert human_eval_verdicts(project=project) == []  # nothing new: not rewritten
+
+    # The loop still learns from round 1, not from the evaluation round.
+    state = loop_advance(project=project, settings=settings)
+    assert state.key.endswith("-r1")

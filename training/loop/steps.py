@@ -147,7 +147,7 @@ def _labels_in(round_: Round, sources: list[str]) -> int:
 
 def loop_ready(*, project: Project, settings: LoopSettings) -> Round | None:
     """Return the open round an iteration can learn from now, or None."""
-    round_ = Round.objects.filter(project=project).order_by("-number").first()
+    round_ = _training_rounds(project).first()
     if round_ is None or round_.model_version_id is None:
         return None
     labels = _labels_in(round_, settings.sources)
@@ -272,14 +272,15 @@ def loop_advance(
     *, project: Project, settings: LoopSettings, sync: bool = False, force: bool = False
 ) -> LoopState:
     """Move the project's current iteration as far as it can go; return the steps taken."""
-    round_ = Round.objects.filter(project=project).order_by("-number").first()
+    round_ = _training_rounds(project).first()
     if round_ is None:
         return LoopState(key="-", steps=[Step("start", "skipped", "no round yet")])
     key = loop_key(round_)
     state = LoopState(key=key)
+    _human_verdicts_step(project, state)
     if round_.source_key.endswith(":gen") and not round_.items.exists():
         # A previous iteration opened this round but its generation did not finish.
-        previous = Round.objects.filter(project=project, number=round_.number - 1).first()
+        previous = _training_rounds(project).filter(number__lt=round_.number).first()
         if previous is not None:
             return _generate_step(project, previous, round_.model_version, settings, state, sync)
     if not force and loop_ready(project=project, settings=settings) is None:
@@ -305,6 +306,8 @@ def loop_advance(
     policy = ModelVersion.objects.get(training_run=run)
     evaluation_error = _evaluate_step(project, policy, settings, state)
     _gate_step(policy, settings, state, evaluation_error)
+    if settings.evaluation["human_round"] and not evaluation_error:
+        _human_round_step(project, policy, settings, state, sync)
     annotation_services.round_close(round_=round_)
     # The next round comes from the last promoted policy (this one if the gate passed it).
     from training.loop.gate import policy_current
@@ -466,6 +469,52 @@ def _evaluation_summary(policy: ModelVersion) -> str:
     return "; ".join(parts)[:1000]
 
 
+def _training_rounds(project: Project):
+    """Return the project's rounds the loop learns from, newest first (no evaluation rounds)."""
+    return (
+        Round.objects.filter(project=project)
+        .exclude(purpose=Round.Purpose.EVAL)
+        .order_by("-number")
+    )
+
+
+def _human_round_step(project, policy: ModelVersion, settings, state: LoopState, sync) -> None:
+    """Open a human evaluation round of the new policy vs the previous one (never exported)."""
+    from annotation.errors import ServiceError
+    from training.generation.base import GenerationError
+    from training.policy_eval import human_eval_round_request
+
+    try:
+        job, reason = human_eval_round_request(
+            policy=policy, project=project, settings=settings, sync=sync
+        )
+    except (ServiceError, GenerationError) as exc:
+        state.add("human_eval", "failed", (getattr(exc, "message", None) or str(exc))[:300])
+        return
+    if job is None:
+        state.add("human_eval", "skipped", reason)
+    elif job.round_id is not None:
+        state.add("human_eval", "done", f"evaluation round {job.round.number}")
+    elif job.status == job.Status.FAILED:
+        state.add("human_eval", "failed", f"generation job {job.pk}: {job.error[-300:]}")
+    else:
+        state.add("human_eval", "started", f"generation job {job.pk}")
+
+
+def _human_verdicts_step(project, state: LoopState) -> None:
+    """Count the labels of the loop's human evaluation rounds as one more judge."""
+    from training.policy_eval import human_eval_verdicts
+
+    for verdict in human_eval_verdicts(project=project):
+        state.add(
+            "human_eval",
+            "done",
+            f"{verdict.judge}: policy {verdict.policy_id} {verdict.wins}/{verdict.ties}/"
+            f"{verdict.losses} win rate {_num(verdict.win_rate)} "
+            f"[{_num(verdict.ci_low)}, {_num(verdict.ci_high)}]",
+        )
+
+
 def _gate_step(policy: ModelVersion, settings, state: LoopState, evaluation_error: str) -> None:
     """Promote the policy if it passes the gate; otherwise keep it unpromoted."""
     from training.loop.gate import policy_gate
@@ -500,4 +549,3 @@ def _generate_step(project, learned_from: Round, policy, settings, state, sync) 
     state.new_round = round_
     state.add("generate", "done", f"round {round_.number}: {round_.items.count()} items")
     return state
-
