@@ -565,6 +565,24 @@ CASES = [
         )
         for action in ("promote", "reject")
     ],
+    *[
+        Case(
+            f"{action} B's model from A's loop page",
+            "POST",
+            lambda w, action=action: (
+                f"/console/projects/{w.a.pk}/loop/models/{w.b_model.pk}/{action}/"
+            ),
+            lambda w: {"reason": "it is better"},
+            encoding="form",
+        )
+        for action in ("promote", "reject")
+    ],
+    Case(
+        "cancel B's run from A's loop page",
+        "POST",
+        lambda w: f"/console/projects/{w.a.pk}/loop/runs/{w.b_run.pk}/cancel/",
+        encoding="form",
+    ),
 ]
 
 

@@ -193,6 +193,18 @@ ACCESS: dict[str, Rule] = {
     "console:training-run-live": Rule(get=RESEARCHER),
     "console:training-run-cancel": Rule(post=RESEARCHER),
     "console:training-run-resume": Rule(post=RESEARCHER),
+    # The loop page: timeline (polled), actions and settings for the project's researchers.
+    # An empty settings form is a 400 naming 'path'; actions answer with a redirect back.
+    "console:loop": Rule(get=RESEARCHER),
+    "console:loop-live": Rule(get=RESEARCHER),
+    "console:loop-settings": Rule(post=RESEARCHER, also_ok=frozenset({400})),
+    "console:loop-step": Rule(post=RESEARCHER),
+    "console:loop-pause": Rule(post=RESEARCHER),
+    "console:loop-resume": Rule(post=RESEARCHER),
+    "console:loop-promote": Rule(post=RESEARCHER),
+    "console:loop-reject": Rule(post=RESEARCHER),
+    # The world's run is not trained on a loop export: a 404 for everyone allowed in.
+    "console:loop-run-cancel": Rule(post=RESEARCHER, also_ok=frozenset({404})),
     # --- Django admin: staff only, except its login page ---
     # Staff may still get 403 where a model admin is read-only (no add/change permission).
     "admin:*": Rule(get=STAFF, post=STAFF, also_ok=frozenset({403})),

@@ -140,10 +140,9 @@ def loop_settings_validate(
     except (ValueError, TypeError) as exc:
         message = str(exc)
         named = message.split(" ", 1)[0].strip(":")
-        raise InvalidLoopSettings(
-            message if named in fields else f"settings: {message}",
-            field=named if named in fields else "settings",
-        ) from exc
+        if named.split(".")[0] not in fields:
+            raise _refuse("settings", message) from exc
+        raise _refuse(named, message[len(named) :].strip(" :")) from exc
 
 
 def _check_generation(values: dict) -> None:

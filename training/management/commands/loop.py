@@ -17,17 +17,19 @@ class Command(BaseCommand):
         "Drive a project's loop: export -> train (DPO, or RM then PPO) -> evaluate -> gate -> "
         "generate -> open the next round. ACTION is one of: step (default: advance as far as "
         "it can go now; --sync runs every step here, else slow steps go to the gpu queue), "
-        "status (the timeline), settings (show, or change with --settings and --schedule), "
+        "status (the timeline), settings (show, or change with --set and --schedule), "
         "pause, resume, promote / reject (--model-version ID --reason TEXT --by USERNAME). "
-        "The settings live on the project's loop; the first --settings must choose 'path'."
+        "The settings live on the project's loop; the first --set must choose 'path'."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("action", nargs="?", default="step", choices=ACTIONS)
         parser.add_argument("--project", type=int, required=True)
         parser.add_argument(
-            "--settings",
-            help='JSON of LoopSettings fields to save first, e.g. \'{"path": "rm_ppo"}\'.',
+            "--set",
+            dest="loop_settings",
+            metavar="JSON",
+            help='LoopSettings fields to save first, e.g. \'{"path": "rm_ppo"}\'.',
         )
         parser.add_argument("--sync", action="store_true", help="step: run every step here.")
         parser.add_argument(
@@ -67,15 +69,15 @@ class Command(BaseCommand):
             raise CommandError(exc.message) from exc
 
     def _settings(self, project, opts, *, show: bool) -> None:
-        if opts["settings"] is not None or opts["schedule"]:
+        if opts["loop_settings"] is not None or opts["schedule"]:
             try:
-                values = json.loads(opts["settings"] or "{}")
+                values = json.loads(opts["loop_settings"] or "{}")
             except json.JSONDecodeError as exc:
-                raise CommandError(f"Bad --settings: not JSON ({exc}).") from exc
+                raise CommandError(f"Bad --set: not JSON ({exc}).") from exc
             control.loop_update(project=project, settings=values, every_seconds=opts["schedule"])
             if opts["schedule"]:
                 self.stdout.write(f"scheduled the loop every {opts['schedule']} s")
-            show = show or opts["settings"] is not None
+            show = show or opts["loop_settings"] is not None
         if show:
             found = control.loop_get(project=project)
             self.stdout.write(json.dumps(found.config, indent=2, sort_keys=True))
@@ -91,7 +93,7 @@ class Command(BaseCommand):
     def _status(self, project, opts) -> None:
         timeline = control.loop_timeline(project=project)
         if not timeline.has_loop:
-            self.stdout.write("No loop yet: save its settings with --settings '{\"path\": ...}'.")
+            self.stdout.write("No loop yet: save its settings with --set '{\"path\": ...}'.")
         else:
             schedule = (
                 f"every {timeline.every_seconds} s" if timeline.every_seconds else "not scheduled"
