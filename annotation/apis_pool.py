@@ -112,7 +112,8 @@ def _eval_fraction(raw) -> float:
     return prompt_pool.eval_fraction_check(value)
 
 
-def _pool_too_large() -> Response:
+def pool_too_large() -> Response:
+    """Return the 413 of a pool upload above the in-request limit, naming the command."""
     limit = settings.IMPORT_ASYNC_BYTES
     return too_large(
         f"A prompt pool upload may be up to {size_text(limit)}; nothing was imported. "
@@ -145,7 +146,7 @@ class PromptPoolImportApi(APIView):
         try:
             if "body" in data:
                 if data["too_large"]:
-                    return _pool_too_large()
+                    return pool_too_large()
                 fraction = _eval_fraction(request.query_params.get("eval_fraction"))
                 return pool_import_response(
                     project=project, stream=data["body"], eval_fraction=fraction
@@ -162,7 +163,7 @@ class PromptPoolImportApi(APIView):
                     status=status.HTTP_400_BAD_REQUEST,
                 )
             if upload.size > settings.IMPORT_ASYNC_BYTES:
-                return _pool_too_large()
+                return pool_too_large()
             fraction = _eval_fraction(data.get("eval_fraction"))
         except ServiceError as exc:
             return Response(

@@ -212,6 +212,27 @@ def generate_round_now(
 # --------------------------------------------------------------------------- generation jobs
 
 
+def project_policies_ready(*, project: Project) -> list[ModelVersion]:
+    """Return the project's ready policies (local or behind an endpoint), newest first."""
+    from django.db.models import Q
+
+    from training.selectors import model_version_project_id
+
+    versions = (
+        ModelVersion.objects.filter(
+            Q(training_run__project=project)
+            | Q(dataset_version__project=project)
+            | Q(project=project),
+            status=ModelVersion.Status.READY,
+        )
+        .exclude(kind=ModelVersion.Kind.REWARD)
+        .select_related("training_run", "dataset_version")
+        .distinct()
+        .order_by("-created_at", "-id")
+    )
+    return [v for v in versions if model_version_project_id(version=v) == project.pk]
+
+
 def _policy_check(*, project: Project, version_id: Any, index: int) -> ModelVersion:
     from training.selectors import model_version_project_id
 
@@ -427,7 +448,13 @@ def _claim(job_id: int) -> GenerationJob | None:
 
 
 def generation_job_fail(*, job_id: int, error: str) -> None:
-    """Record a job's failure; a round it made (if any) is archived, never served."""
+    """Record a job's failure; a round it made (if any) is archived, never served.
+
+    Server paths in the error (a model folder that does not load) are hidden from researchers.
+    """
+    from training.config_policy import paths_redact
+
+    error = paths_redact(error)
     with transaction.atomic():
         job = GenerationJob.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.status == GenerationJob.Status.SUCCEEDED:
