@@ -435,6 +435,26 @@ CASES = [
         "GET",
         lambda w: f"/api/training/projects/{w.b.pk}/generation-jobs/",
     ),
+    Case(
+        "B's generation job in A's pool page",
+        "GET",
+        lambda w: f"/console/projects/{w.a.pk}/pool/jobs/{w.b_generation_job.pk}/",
+    ),
+    Case(
+        "generate a round from B's policy on A's pool page",
+        "POST",
+        lambda w: f"/console/projects/{w.a.pk}/pool/generate/",
+        lambda w: {
+            "policies": [w.b_model.pk],
+            "mode": "k_samples",
+            "n_prompts": 1,
+            "temperature": 1.0,
+            "max_new_tokens": 8,
+            "purpose": "train",
+        },
+        encoding="form",
+        field="policies",
+    ),
     # The registry: an upload into B, B's run version named or validated, a folder for B.
     Case(
         "upload a model into B",

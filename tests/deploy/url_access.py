@@ -193,6 +193,11 @@ ACCESS: dict[str, Rule] = {
     "console:training-run-live": Rule(get=RESEARCHER),
     "console:training-run-cancel": Rule(post=RESEARCHER),
     "console:training-run-resume": Rule(post=RESEARCHER),
+    # The prompt pool page: upload, generate a round, a generation job's live fragment.
+    "console:pool": Rule(get=RESEARCHER),
+    "console:pool-import": Rule(post=RESEARCHER),
+    "console:pool-generate": Rule(post=RESEARCHER),
+    "console:pool-job": Rule(get=RESEARCHER),
     # The loop page: timeline (polled), actions and settings for the project's researchers.
     # An empty settings form is a 400 naming 'path'; actions answer with a redirect back.
     "console:loop": Rule(get=RESEARCHER),
