@@ -16,16 +16,20 @@ goes back to the pool, or to this account's next run).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from annotation.simulation import ApiClient, model_judge
 from training.judging.llm import LLMJudge, Verdict
 
+MAX_LOST_LEASES = 3
 OUTCOME_REASONS = {
     "disagreed": "the two display orders gave different verdicts",
     "unparseable": "a reply had no [[A]]/[[B]]/[[C]] verdict",
@@ -48,6 +52,28 @@ def llm_annotator_username(*, endpoint: str, model: str) -> str:
     tail = re.sub(r"[^A-Za-z0-9_.-]+", "-", model.rstrip("/").rsplit("/", 1)[-1])[:40]
     digest = hashlib.sha256(f"{endpoint}\0{model}".encode()).hexdigest()[:8]
     return f"ai-llm-{endpoint[:40]}-{tail}-{digest}"
+
+
+@contextlib.contextmanager
+def _lease_kept(base_url: str, token: str, payload: dict) -> Iterator[None]:
+    """Send heartbeats while the judge thinks, so a slow endpoint does not lose the lease."""
+    expires = datetime.fromisoformat(payload["lease_expires"])
+    left = (expires - datetime.now(UTC)).total_seconds()
+    every = max(1.0, left / 3)
+    stop = threading.Event()
+    api = ApiClient(base_url, token, retries=1)  # its own session: the main one is busy
+
+    def beat() -> None:
+        while not stop.wait(every):
+            api.post(f"/api/assignments/{payload['assignment_id']}/heartbeat/")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _decide(judge: LLMJudge, payload: dict, options: dict) -> tuple[dict | None, str, list]:
@@ -105,6 +131,7 @@ def run_llm_annotator(
         "allow_tied_ranks": project["allow_tie"],
         "ask_rationale": project.get("ask_rationale", False),
     }
+    lost_in_row = 0
     while max_items is None or stats.submitted + stats.skipped < max_items:
         r = api.post(f"/api/projects/{project_id}/next/")
         if r.status_code == 204:
@@ -115,7 +142,8 @@ def run_llm_annotator(
             break
         payload = r.json()
         started = time.monotonic()
-        body, reason, verdicts = _decide(judge, payload, options)
+        with _lease_kept(base_url, token, payload):
+            body, reason, verdicts = _decide(judge, payload, options)
         for verdict in verdicts:
             stats.outcomes[verdict.outcome] = stats.outcomes.get(verdict.outcome, 0) + 1
         assignment_id = payload["assignment_id"]
@@ -143,7 +171,17 @@ def run_llm_annotator(
                 }
             )
         if s.status_code == 409:
-            continue  # the lease ran out while the judge thought: ask for the next item
+            # The lease ran out although heartbeats were sent: ask for the next item, but
+            # stop instead of judging lost items over and over.
+            lost_in_row += 1
+            if lost_in_row >= MAX_LOST_LEASES:
+                stats.errors.append(
+                    f"{lost_in_row} items in a row were lost before the judge answered "
+                    "(HTTP 409); the judge is slower than the project's lease"
+                )
+                break
+            continue
+        lost_in_row = 0
         if s.status_code not in (200, 201):
             stats.errors.append(f"{'skip' if body is None else 'submit'}: HTTP {s.status_code}")
             break

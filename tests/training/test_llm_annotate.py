@@ -8,6 +8,7 @@ The web app is the real one (live_server); the judge is the real `transformers s
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -217,3 +218,25 @@ def test_a_failing_judge_submits_nothing(live_server, settings, tmp_path):
         call_command(
             "llm_annotate", "--project", "999999", "--endpoint", "down", "--model", "judge"
         )
+
+
+def test_a_judge_slower_than_the_lease_keeps_its_item(live_server, settings, tmp_path):
+    project = _project()
+    project.lease_seconds = 10
+    project.save()
+    Item.objects.filter(project=project).exclude(
+        pk=Item.objects.filter(project=project).order_by("pk").first().pk
+    ).delete()
+    judge = content_judge(prefers="good")
+
+    def slow(handler, body):
+        time.sleep(project.lease_seconds + 2)
+        return judge(handler, body)
+
+    with http_server(slow) as (url, log):
+        _declare(settings, tmp_path, slow={"base_url": url, "timeout_seconds": 60})
+        _annotate(project, live_server.url, "slow")
+    (judgment,) = Judgment.objects.filter(project=project)
+    assert judgment.choice == "A" and judgment.source == "ai" and len(log["bodies"]) == 2
+    (record,) = _audit(tmp_path, project, "slow")
+    assert record["http_status"] == 201
