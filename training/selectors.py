@@ -57,6 +57,23 @@ def model_version_list(*, user, kind: str = "") -> QuerySet:
     return versions.order_by("-created_at", "-pk")
 
 
+def model_version_list_for_project(*, project_id: int) -> QuerySet:
+    """Return a project's registry entries: its runs', its datasets' and its own registered ones.
+
+    The same three ways as ``model_version_project_id``, as a query.
+    """
+    versions = ModelVersion.objects.select_related("training_run", "dataset_version")
+    return versions.filter(
+        Q(training_run__project_id=project_id)
+        | Q(training_run__project_id__isnull=True, dataset_version__project_id=project_id)
+        | Q(
+            training_run__project_id__isnull=True,
+            dataset_version__isnull=True,
+            project_id=project_id,
+        )
+    ).order_by("-created_at", "-pk")
+
+
 def model_version_lineage(*, version: ModelVersion) -> list[ModelVersion]:
     """Return the version and its ancestors, newest first (stops on a cycle)."""
     chain, seen = [], set()

@@ -193,6 +193,13 @@ ACCESS: dict[str, Rule] = {
     "console:training-run-live": Rule(get=RESEARCHER),
     "console:training-run-cancel": Rule(post=RESEARCHER),
     "console:training-run-resume": Rule(post=RESEARCHER),
+    # The models pages: the table polls (286 once nothing is validating); folders are staff's.
+    "console:models": Rule(get=RESEARCHER),
+    "console:models-table": Rule(get=RESEARCHER),
+    "console:models-upload": Rule(post=RESEARCHER),
+    "console:models-folder": Rule(post=STAFF),
+    "console:models-register": Rule(post=RESEARCHER),
+    "console:models-validate": Rule(post=RESEARCHER),
     # The prompt pool page: upload, generate a round, a generation job's live fragment.
     "console:pool": Rule(get=RESEARCHER),
     "console:pool-import": Rule(post=RESEARCHER),
