@@ -56,10 +56,11 @@ class GenerateRoundForm(forms.Form):
     )
     mode = forms.ChoiceField(
         choices=[
-            ("k_samples", "K samples of one policy"),
-            ("side_by_side", "Side by side: one answer of each policy"),
+            ("k_samples", "K samples"),
+            ("side_by_side", "Side by side"),
         ],
         initial="k_samples",
+        help_text="K answers of one policy per prompt, or one answer of each policy.",
     )
     n_prompts = forms.IntegerField(
         min_value=1, initial=16, label="Prompts", help_text="Drawn from the pool, least used first."
