@@ -411,33 +411,6 @@ CASES = [
     Case("cancel B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/cancel/"),
     Case("resume B's run", "POST", lambda w: f"/api/training/runs/{w.b_run.pk}/resume/"),
     Case("B's model version", "GET", lambda w: f"/api/training/models/{w.b_model.pk}/"),
-    # The registry: an upload into B, B's run version named or validated, a folder for B.
-    Case(
-        "upload a model into B",
-        "POST",
-        lambda w: f"/api/training/projects/{w.b.pk}/models/upload/",
-        lambda w: {"file": _model_archive(), "name": "into-b", "kind": "policy"},
-        encoding="multipart",
-    ),
-    Case(
-        "name B's run version",
-        "POST",
-        lambda w: f"/api/training/models/{w.b_model.pk}/register/",
-        lambda w: {"name": "mine-now"},
-    ),
-    Case("validate B's model", "POST", lambda w: f"/api/training/models/{w.b_model.pk}/validate/"),
-    Case(
-        "register a folder for B",
-        "POST",
-        lambda w: "/api/training/models/folder/",
-        lambda w: {
-            "name": "f",
-            "kind": "policy",
-            "path": w.a_model.artifact_path,
-            "project_id": w.b.pk,
-        },
-        field="project_id",
-    ),
     # Rounds generated from policies: B's policy named in A's request, B's job under A.
     Case(
         "generate A's round from B's policy",
