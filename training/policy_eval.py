@@ -128,7 +128,7 @@ def reward_model_outcomes(
     from training.scoring import reward_scores
 
     chat = reward_model_trained_on_chat(reward_model)
-    outcomes, margins = [], []
+    outcomes, margins, scores_new, scores_old = [], [], [], []
     for item, a, b in zip(prompts, new, old, strict=True):
         prompt = item.prompt
         if chat and isinstance(prompt, str):
@@ -136,7 +136,10 @@ def reward_model_outcomes(
         score_new, score_old = reward_scores(reward_model.artifact_path, prompt, [a, b])
         outcomes.append(_outcome(score_new, score_old))
         margins.append(score_new - score_old)
-    return outcomes, {"margins": margins}
+        scores_new.append(score_new)
+        scores_old.append(score_old)
+    # Per-answer scores: the dashboard shows the answers this reward model likes most.
+    return outcomes, {"margins": margins, "scores_new": scores_new, "scores_old": scores_old}
 
 
 def llm_judge_for(*, project: Project, settings: LoopSettings):
@@ -346,6 +349,7 @@ def policy_evaluate(
         "reference_id": reference.pk if reference is not None else None,
         "stats": stats,
         "opponent_stats": {str(pk): text_stats(answers) for pk, (_v, answers) in opponents.items()},
+        "opponent_answers": {str(pk): answers for pk, (_v, answers) in opponents.items()},
         "length_ratio_vs_previous": (
             stats["mean_length"] / previous_length
             if previous_length and stats["mean_length"] is not None
