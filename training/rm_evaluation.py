@@ -367,8 +367,14 @@ def reward_model_normalisation_freeze(
     if stored.get("normalisation"):
         raise Conflict("this reward model's normalisation is already frozen")
     temperature = float(stored.get("temperature") or 1.0)
+    from django.db.models import Q
+
+    # Generated rounds name each candidate's policy by its (unique) version name.
     candidates = list(
-        Candidate.objects.filter(policy_version=policy_version)
+        Candidate.objects.filter(
+            Q(policy_version=policy_version)
+            | Q(policy_version__isnull=True, model_name=policy_version.name)
+        )
         .select_related("prompt")
         .order_by("pk")[:limit]
     )

@@ -276,3 +276,65 @@ def test_a_loop_iteration_evaluates_gates_and_generates_from_the_last_promoted_p
     # The next round comes from the last promoted policy: the new one, or still the base.
     assert state.new_round.model_version == (new if passes else base)
     assert state.new_round.items.exists()
+
+
+def test_an_rm_ppo_iteration_scores_its_reward_model_on_the_test_split_and_freezes_it(
+    settings, tmp_path, tiny_policy_dir
+):
+    from annotation.imports import content_hash
+    from annotation.models import Judgment, Prompt
+    from training.loop import loop_advance
+    from training.loop.settings import LoopSettings
+    from training.rounds import generate_round_now
+
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    project = make_project(overlap=1)
+    for split, count in (("train", 40), ("eval", 4)):
+        for i in range(count):
+            text = f"What is {i} + {i + 5}? ({split})"
+            Prompt.objects.create(
+                project=project,
+                text=text,
+                content_hash=content_hash(text),
+                in_pool=True,
+                split=split,
+            )
+    base = ModelVersion.objects.create(
+        name=f"tiny-base-rm-{project.pk}", artifact_path=str(tiny_policy_dir), project=project
+    )
+    loop_settings = LoopSettings(
+        path="rm_ppo",
+        n_prompts=40,
+        generation={"temperature": 1.0, "max_new_tokens": 6},
+        reward={"max_steps": 2, "per_device_train_batch_size": 4, "save_steps": 2},
+        ppo={"max_steps": 1, "rollout_batch_size": 4, "per_device_train_batch_size": 4},
+        evaluation={"n_prompts": 4},
+        gate={"kl_budget": None, "min_win_rate_ci_low": None, "min_rm_accuracy": 0.0},
+    )
+    round1 = generate_round_now(
+        project_id=project.pk,
+        model_version_id=base.pk,
+        source_key="round-1",
+        settings=loop_settings.to_dict(),
+    )
+    annotator = make_user()
+    for n, item in enumerate(round1.items.all()):
+        Judgment.objects.create(project=project, item=item, annotator=annotator, choice="AB"[n % 2])
+
+    state = loop_advance(project=project, settings=loop_settings, sync=True)
+
+    steps = {s.name: s for s in state.steps}
+    assert steps["ppo"].status == "done", state.steps
+    reward = ModelVersion.objects.get(kind="reward", training_run__project=project)
+    report = reward.eval_results["rm_metrics"]
+    assert report["split"] == "test" and report["n_pairs"] >= 1
+    assert {"accuracy", "nll", "roc_auc", "ece"} <= set(report)
+    assert steps["rm_test"].status == "done"
+    normalisation = reward.eval_results["calibration"]["normalisation"]
+    assert normalisation["policy_version_id"] == base.pk and normalisation["std"] > 0
+    policy = ModelVersion.objects.get(training_run__project=project, training_run__recipe="ppo")
+    rm_criterion = policy.gate["criteria"]["rm_test_accuracy"]
+    assert rm_criterion["value"] == report["accuracy"]
+    assert rm_criterion["reward_model"] == reward.pk and rm_criterion["passed"] is True
+    # The iteration's reward model judged the new policy against its parent.
+    assert policy.evaluations.filter(judge_kind="reward_model", opponent=base).exists()
