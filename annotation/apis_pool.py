@@ -20,7 +20,12 @@ import zlib
 
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.response import Response
@@ -125,6 +130,7 @@ def pool_too_large() -> Response:
 class PromptPoolImportApi(APIView):
     parser_classes = [MultiPartParser, JsonLinesParser, NdJsonParser]
 
+    @extend_schema_serializer(component_name="PromptPoolImportInput")
     class InputSerializer(serializers.Serializer):
         file = UploadField(help_text="JSON lines: prompt or messages, optional tags and id.")
         eval_fraction = serializers.FloatField(

@@ -14,7 +14,7 @@ of the project.
 from __future__ import annotations
 
 from django.urls import reverse
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
@@ -33,6 +33,8 @@ class GenerationJobPolicyOutput(serializers.Serializer):
 
 
 class GenerationJobOutput(serializers.ModelSerializer):
+    # A plain string: the job status enum would collide with the import jobs' in the schema.
+    status = serializers.CharField(read_only=True, help_text="queued, running, succeeded or failed")
     policies = serializers.SerializerMethodField()
     round_number = serializers.SerializerMethodField(help_text="The round it opened, when done.")
     status_url = serializers.SerializerMethodField()
@@ -70,6 +72,7 @@ class GenerationJobOutput(serializers.ModelSerializer):
 class GenerationJobListApi(APIView):
     parser_classes = [JSONParser]
 
+    @extend_schema_serializer(component_name="GenerationJobInput")
     class InputSerializer(serializers.Serializer):
         policies = serializers.ListField(
             child=serializers.IntegerField(), help_text="Ids of ready policies of the project."
