@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 
 from annotation.errors import Conflict, NotFound
 from annotation.imports import content_hash
-from annotation.models import Judgment, Membership, Prompt, Round
+from annotation.models import DatasetVersion, Judgment, Membership, Prompt, Round
 from tests.factories import add_member, make_items, make_project, make_tiny_demo_policy, make_user
 from training import loop
 from training.loop import control
@@ -296,3 +296,57 @@ def test_the_loop_command_saves_settings_shows_the_timeline_pauses_and_decides(c
     assert policy.promotion == "promoted"
     assert policy.promoted_by == researcher
     assert policy.promotion_reason == "answers read better"
+
+
+def test_the_timeline_shows_a_failed_evaluation_from_its_recorded_step(tmp_path):
+    # Given an iteration whose policy was trained and whose evaluation step failed in a tick
+    project = make_project()
+    base = ModelVersion.objects.create(name="tl-base", artifact_path=str(tmp_path), project=project)
+    round1 = Round.objects.create(project=project, number=1, model_version=base)
+    key = loop.loop_key(round1)
+    dataset = DatasetVersion.objects.create(
+        project=project, version=1, name=key, status="ready", content_hash="c" * 64
+    )
+    run = TrainingRun.objects.create(
+        recipe="dpo", project=project, dataset_version=dataset, status="succeeded"
+    )
+    policy = ModelVersion.objects.create(
+        name="tl-policy", artifact_path=str(tmp_path / "gone"), training_run=run, parent=base
+    )
+    found = control.loop_create(project=project, settings={"path": "dpo"})
+    state = loop.LoopState(key=key, loop_id=found.pk)
+    state.add("dpo", "done", f"run {run.pk}")
+    state.add("evaluate", "failed", f"no such folder {tmp_path}/gone")
+
+    # When the timeline is read
+    steps = {s.kind: s for s in control.loop_timeline(project=project).iterations[0].steps}
+
+    # Then the evaluation step is failed, with the recorded error (no server path) and duration
+    assert steps["evaluate"].status == "failed"
+    assert "no such folder" in steps["evaluate"].error
+    assert str(tmp_path) not in steps["evaluate"].error
+    assert steps["evaluate"].duration_seconds is not None
+    assert steps["evaluate"].model_version_id == policy.pk
+    assert steps["gate"].status == "undecided"
+
+
+def test_a_tick_while_another_tick_of_the_loop_runs_does_nothing():
+    from django.db import connections
+
+    project = make_project()
+    make_items(project, 2)
+    found = control.loop_create(project=project, settings={"path": "dpo"})
+    # Another process holds the loop's tick lock (as a tick running in a worker does)
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", [control.TICK_LOCK_SPACE, found.pk])
+        state = control.loop_tick_run(project_id=project.pk)
+        assert [(s.name, s.status) for s in state.steps] == [("tick", "skipped")]
+        assert "another tick" in state.steps[0].detail
+        assert not LoopEvent.objects.filter(loop=found).exists()
+    finally:
+        other.close()
+    # Once it ends, ticks run again
+    state = control.loop_tick_run(project_id=project.pk)
+    assert [(s.name, s.status) for s in state.steps] == [("wait", "waiting")]

@@ -25,7 +25,7 @@ from tests.factories import make_tiny_demo_policy
 from training import loop
 from training.loop import control
 from training.loop_tasks import generate_round, loop_tick
-from training.models import LoopEvent, ModelVersion, TrainingRun
+from training.models import Loop, LoopEvent, ModelVersion, TrainingRun
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -130,7 +130,7 @@ def test_two_rounds_close_through_a_real_worker(live_server, tiny_base_policy, t
     assert json.dumps(policies[1].eval_results)
     assert Round.objects.get(project=project, number=1).status == Round.Status.CLOSED
     # every tick was recorded on the loop, each step as an event with its duration
-    assert project.loop.last_tick_status == "done"
+    assert Loop.objects.get(project=project).last_tick_status == "done"
     events = LoopEvent.objects.filter(loop__project=project)
     done = events.filter(step="dpo", status="done").values_list("training_run", flat=True)
     assert set(done) == {run.pk for run in runs}

@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from annotation.errors import Conflict, NotFound, ServiceError
@@ -45,6 +46,8 @@ MIN_EVERY_SECONDS = 10
 TICK_DONE = "done"
 TICK_FAILED = "failed"
 TICK_PAUSED = "paused"
+# First key of the advisory lock a tick holds (the second is the loop's id).
+TICK_LOCK_SPACE = 0x100F
 NO_LOOP = "This project has no loop yet: save its settings (at least 'path') to create it."
 
 
@@ -268,8 +271,10 @@ def loop_step_queue(*, project: Project, force: bool = False) -> Loop:
 def loop_tick_run(*, project_id: int, sync: bool = False, force: bool = False) -> LoopState:
     """Advance the project's loop as far as it can go now; record every step and the outcome.
 
-    A paused loop does nothing. An exception anywhere is recorded on the loop row (status
-    failed, the traceback in last_error) and as a failed `tick` event, then re-raised.
+    A paused loop does nothing, and neither does a tick while another tick of the same loop
+    runs (beat and "run the next step" at once would otherwise both start the same run). An
+    exception anywhere is recorded on the loop row (status failed, the traceback in
+    last_error) and as a failed `tick` event, then re-raised.
     """
     found = Loop.objects.select_related("project").filter(project_id=project_id).first()
     if found is None:
@@ -279,6 +284,40 @@ def loop_tick_run(*, project_id: int, sync: bool = False, force: bool = False) -
         state.add("tick", "skipped", "the project's loop is paused")
         _outcome_store(found, TICK_PAUSED, state.steps, error="")
         return state
+    with _tick_lock(found.pk) as acquired:
+        if not acquired:
+            state = LoopState(key="-", loop_id=None)
+            state.add("tick", "skipped", "another tick of this loop is running")
+            return state
+        return _tick(found, sync=sync, force=force)
+
+
+@contextmanager
+def _tick_lock(loop_id: int):
+    """Hold the loop's tick lock (a PostgreSQL advisory lock) while the block runs, if free.
+
+    Yields whether it was acquired. Other databases (the single-process SQLite demo) have no
+    such lock; there a tick always runs.
+    """
+    if connection.vendor != "postgresql":
+        yield True
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [TICK_LOCK_SPACE, loop_id])
+        acquired = bool(cursor.fetchone()[0])
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [TICK_LOCK_SPACE, loop_id])
+            except DatabaseError:  # an aborted transaction: the lock ends with the session
+                logger.warning("loop %s: tick lock left to the end of the session", loop_id)
+
+
+def _tick(found: Loop, *, sync: bool, force: bool) -> LoopState:
+    project_id = found.project_id
     token = RECORDING_LOOP.set(found.pk)
     try:
         state = loop_advance(
@@ -499,7 +538,24 @@ def _run_step(run: TrainingRun) -> TimelineStep:
     )
 
 
-def _model_steps(version: ModelVersion) -> list[TimelineStep]:
+def _recorded(step: TimelineStep, event: LoopEvent | None) -> TimelineStep:
+    """Fill a step from the newest tick event about it: its outcome, duration and error."""
+    if event is None:
+        return step
+    detail = config_policy.paths_redact(event.detail)
+    step.status = event.status if step.status in ("waiting", "") else step.status
+    if event.status == "failed":
+        step.status, step.error = "failed", step.error or detail
+    elif not step.detail:
+        step.detail = detail
+    if step.duration_seconds is None:
+        step.duration_seconds = event.duration_seconds
+        step.started_at = step.started_at or event.started_at
+        step.finished_at = step.finished_at or event.finished_at
+    return step
+
+
+def _model_steps(version: ModelVersion, events: dict) -> list[TimelineStep]:
     model = TimelineStep(
         kind="model",
         title=f"{version.get_kind_display()} {version.name}",
@@ -525,8 +581,6 @@ def _model_steps(version: ModelVersion) -> list[TimelineStep]:
         title="Evaluation",
         status="done" if parts else "waiting",
         detail="; ".join(parts),
-        started_at=evaluations[0].created_at if evaluations else None,
-        finished_at=evaluations[-1].created_at if evaluations else None,
         model_version_id=version.pk,
     )
     gate = TimelineStep(
@@ -537,7 +591,11 @@ def _model_steps(version: ModelVersion) -> list[TimelineStep]:
         finished_at=version.promoted_at,
         model_version_id=version.pk,
     )
-    return [model, evaluate, gate]
+    return [
+        model,
+        _recorded(evaluate, events.get((version.pk, "evaluate"))),
+        _recorded(gate, events.get((version.pk, "gate"))),
+    ]
 
 
 def loop_timeline(*, project: Project) -> Timeline:
@@ -557,6 +615,15 @@ def loop_timeline(*, project: Project) -> Timeline:
         ).order_by("version")
     }
     by_source = {r.source_key: r for r in rounds if r.source_key}
+    # The newest event of each (model version, step) and (iteration, step): durations and
+    # errors of the steps that leave no row of their own (evaluate, gate, export failures).
+    by_version: dict[tuple[int, str], LoopEvent] = {}
+    by_key: dict[tuple[str, str], LoopEvent] = {}
+    if found is not None:
+        for event in found.events.exclude(status="waiting").order_by("started_at", "id"):
+            if event.model_version_id is not None:
+                by_version[(event.model_version_id, event.step)] = event
+            by_key[(event.key, event.step)] = event
     iterations = []
     for round_ in rounds:
         key = loop_key(round_)
@@ -564,7 +631,7 @@ def loop_timeline(*, project: Project) -> Timeline:
         it.steps.append(_round_step(round_, project, settings))
         dataset = datasets.get(key)
         if dataset is not None:
-            it.steps.append(_export_step(dataset))
+            it.steps.append(_recorded(_export_step(dataset), by_key.get((key, "export"))))
             runs = (
                 TrainingRun.objects.filter(dataset_version=dataset)
                 .select_related("model_version")
@@ -574,7 +641,7 @@ def loop_timeline(*, project: Project) -> Timeline:
                 it.steps.append(_run_step(run))
                 version = getattr(run, "model_version", None)
                 if version is not None:
-                    it.steps.extend(_model_steps(version))
+                    it.steps.extend(_model_steps(version, by_version))
         following = by_source.get(f"{key}:gen")
         if following is not None:
             job = getattr(following, "generation_job", None)
@@ -620,7 +687,10 @@ def loop_timeline(*, project: Project) -> Timeline:
         last_tick_at=found.last_tick_at if found else None,
         last_tick_status=found.last_tick_status if found else "",
         last_error=config_policy.paths_redact(found.last_error) if found else "",
-        last_steps=found.last_steps if found else [],
+        last_steps=[
+            {**step, "detail": config_policy.paths_redact(step.get("detail", ""))}
+            for step in (found.last_steps if found else [])
+        ],
         iterations=iterations,
         events=events,
     )

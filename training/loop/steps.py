@@ -113,6 +113,12 @@ def _event_record(
                 .order_by("-id")
                 .first()
             )
+        if model_version is None and step.name.startswith("rm_"):
+            model_version = (
+                ModelVersion.objects.filter(training_run__in=runs.filter(recipe="reward"))
+                .order_by("-id")
+                .first()
+            )
     if model_version is None and run is not None:
         model_version = ModelVersion.objects.filter(training_run=run).first()
     finished = timezone.now()
