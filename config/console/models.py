@@ -29,9 +29,11 @@ POLL_SECONDS = 3
 HTMX_STOP_POLLING = 286
 ACTIVE = (ModelVersion.Status.PENDING, ModelVersion.Status.VALIDATING)
 KIND_CHOICES = [(kind.value, kind.label) for kind in registry.WEIGHT_KINDS]
-PROMPT_FORMAT_CHOICES = [
-    (key, f"{key}: {description}") for key, description in registry.PROMPT_FORMATS.items()
-]
+PROMPT_FORMAT_LABELS = {"chat_template": "Its chat template", "plain": "Plain text"}
+PROMPT_FORMAT_CHOICES = [(key, PROMPT_FORMAT_LABELS[key]) for key in registry.PROMPT_FORMATS]
+PROMPT_FORMAT_HELP = " ".join(
+    f"{PROMPT_FORMAT_LABELS[key]}: {text}." for key, text in registry.PROMPT_FORMATS.items()
+)
 
 
 class _RegistrationForm(forms.Form):
@@ -43,7 +45,7 @@ class _RegistrationForm(forms.Form):
     prompt_format = forms.ChoiceField(
         choices=PROMPT_FORMAT_CHOICES,
         initial=registry.DEFAULT_PROMPT_FORMAT,
-        help_text="How prompts are laid out for the model.",
+        help_text=f"How prompts are laid out for the model. {PROMPT_FORMAT_HELP}",
     )
 
 
@@ -59,6 +61,10 @@ class FolderForm(_RegistrationForm):
         max_length=1000,
         help_text="Absolute folder under the artefact root or PREFLOOP_MODEL_ROOTS (staff only).",
     )
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("auto_id", "folder_%s")  # beside the upload form: ids stay unique
+        super().__init__(*args, **kwargs)
 
 
 class RegisterForm(forms.Form):
