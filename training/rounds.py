@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from annotation import services as annotation_services
@@ -521,7 +521,11 @@ def generation_job_run(*, job_id: int) -> GenerationJob | None:
         return GenerationJob.objects.filter(pk=job_id).first()
     try:
         return _generate(job)
-    except (GenerationError, ServiceError, ImportFailed, OSError, ValueError) as exc:
+    except (OperationalError, InterfaceError):
+        # A lost database connection: the task retries the job (it opened no round).
+        GenerationJob.objects.filter(pk=job.pk).update(status=GenerationJob.Status.QUEUED)
+        raise
+    except Exception as exc:  # a model that does not load, a backend error, ...
         generation_job_fail(job_id=job.pk, error=f"{type(exc).__name__}: {exc}")
         return GenerationJob.objects.get(pk=job.pk)
 

@@ -407,3 +407,22 @@ def test_generate_round_command_runs_here_or_names_the_problem(tiny_policy_dir):
             "--n-prompts",
             "50",
         )
+
+
+@pytest.mark.django_db
+def test_a_policy_folder_that_does_not_load_fails_the_job_without_showing_the_path(tmp_path):
+    project = make_project(k=2)
+    pool(project)
+    broken = tmp_path / "broken-policy"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    version = policy(project, broken, "broken-policy")
+    job = rounds.generation_job_create(
+        project=project, user=None, policies=[version.pk], n_prompts=2, enqueue=False
+    )
+
+    job = rounds.generation_job_run(job_id=job.pk)
+
+    assert job.status == "failed" and job.error
+    assert str(tmp_path) not in job.error
+    assert not Round.objects.filter(project=project).exists()
