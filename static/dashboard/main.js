@@ -11,11 +11,13 @@
 import { curves } from "./charts/curves.js";
 import { forest } from "./charts/forest.js";
 import { histogram } from "./charts/histogram.js";
+import { lines } from "./charts/lines.js";
 import { reliability } from "./charts/reliability.js";
+import { scatter } from "./charts/scatter.js";
 import { stacked } from "./charts/stacked.js";
 import { applyDefaults } from "./theme.js";
 
-const RENDERERS = { curves, forest, histogram, reliability, stacked };
+const RENDERERS = { curves, forest, histogram, lines, reliability, scatter, stacked };
 
 function specOf(el, pageSpecs) {
   // A live panel brings its own spec (htmx drops <script> elements from what it swaps in);

@@ -136,8 +136,69 @@ class CurvesChart:
     type: str = field(default="curves", init=False)
 
 
-ChartSpec = ForestChart | StackedChart | ReliabilityChart | HistogramChart | CurvesChart
-CHART_TYPES = (ForestChart, StackedChart, ReliabilityChart, HistogramChart, CurvesChart)
+@dataclass
+class ScatterPoint:
+    """One point of a scatter; ``label`` names it in the tooltip (short, never model text)."""
+
+    x: float | None
+    y: float | None
+    label: str
+
+
+@dataclass
+class ScatterSeries:
+    name: str
+    points: list[ScatterPoint]
+
+
+@dataclass
+class ScatterChart:
+    """Points in x/y, one colour per series (e.g. each answer's reward against its KL)."""
+
+    series: list[ScatterSeries]
+    x_label: str
+    y_label: str
+    type: str = field(default="scatter", init=False)
+
+
+@dataclass
+class LinesSeries:
+    """One line: a value per label (None leaves a gap)."""
+
+    name: str
+    values: list[float | None]
+
+
+@dataclass
+class LinesChart:
+    """Lines over ordered categories (e.g. text statistics per policy version)."""
+
+    labels: list[str]
+    series: list[LinesSeries]
+    x_label: str
+    y_label: str
+    percent: bool = False
+    type: str = field(default="lines", init=False)
+
+
+ChartSpec = (
+    ForestChart
+    | StackedChart
+    | ReliabilityChart
+    | HistogramChart
+    | CurvesChart
+    | ScatterChart
+    | LinesChart
+)
+CHART_TYPES = (
+    ForestChart,
+    StackedChart,
+    ReliabilityChart,
+    HistogramChart,
+    CurvesChart,
+    ScatterChart,
+    LinesChart,
+)
 
 
 def finite(value: Any) -> Any:

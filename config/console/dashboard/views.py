@@ -30,7 +30,14 @@ from config.console.dashboard.csv_export import csv_response
 from config.console.dashboard.data import ProjectData
 from config.console.dashboard.panel import Panel
 from config.console.dashboard.specs import spec_json
-from config.console.dashboard.tabs import annotators, labels, models, reward_models, training
+from config.console.dashboard.tabs import (
+    annotators,
+    labels,
+    models,
+    policy_samples,
+    reward_models,
+    training,
+)
 from config.console.dashboard.tabs import home as home_tab
 from training.models import ModelVersion, TrainingRun
 from training.selectors import training_run_get
@@ -199,7 +206,7 @@ def project_labels(request: HttpRequest, project_id: int) -> HttpResponse:
 @require_GET
 @login_required
 def project_models(request: HttpRequest, project_id: int) -> HttpResponse:
-    """Model comparison: leaderboard, battles, win rates, true reward, samples."""
+    """Model comparison: leaderboard, battles, win rates, true reward, samples, policy samples."""
     project = _project_for(request, project_id)
     data = ProjectData(project)
     builders: Builders = {
@@ -209,6 +216,24 @@ def project_models(request: HttpRequest, project_id: int) -> HttpResponse:
         "battles": lambda: models.battle_counts_panel(data),
         "samples": lambda: models.samples_panel(data),
     }
+    policies = policy_samples.evaluated_policies(project=project)
+    selected = policies[-1] if policies else None
+    if "policy" in request.GET:
+        wanted = _int_param(request, "policy")
+        selected = next((v for v in policies if v.pk == wanted), None)
+        if selected is None:
+            raise Http404(
+                "policy: no policy version of this project's loop evaluation has this id."
+            )
+    if selected is not None:
+        chosen = cache(lambda: policy_samples.policy_samples(version=selected))
+        builders |= {
+            "policy-top-reward": lambda: policy_samples.top_reward_panel(chosen()),
+            "policy-top-kl": lambda: policy_samples.top_kl_panel(chosen()),
+            "policy-reward-kl": lambda: policy_samples.reward_kl_panel(chosen(), policies),
+            "policy-vs-previous": lambda: policy_samples.side_by_side_panel(chosen()),
+            "policy-text-stats": lambda: policy_samples.text_stats_panel(policies),
+        }
     return _page(
         request,
         builders=builders,
@@ -217,6 +242,8 @@ def project_models(request: HttpRequest, project_id: int) -> HttpResponse:
             "tabs": _tabs(project, "models"),
             "heading": "Models",
             "data": data,
+            "policies": policies,
+            "selected_policy": selected,
         },
         csv_prefix=f"{slugify(project.name)}-models",
     )
@@ -238,6 +265,8 @@ def project_reward_models(request: HttpRequest, project_id: int) -> HttpResponse
     if selected is not None:
         builders["calibration"] = lambda: reward_models.calibration_panel(selected)
         builders["margins"] = lambda: reward_models.margin_panel(selected)
+        builders["length-buckets"] = lambda: reward_models.length_bucket_panel(selected)
+        builders["rm-calibration"] = lambda: reward_models.calibration_summary_panel(selected)
     builders["agreement"] = cache(lambda: reward_models.human_agreement_context_panel(data))
     return _page(
         request,
