@@ -99,6 +99,7 @@ class ModelUploadApi(ResearcherApi):
     def post(self, request, project_id: int):
         # The project in the URL first: nothing about the body is said to outsiders.
         project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
+        registry.upload_declared_size_check(content_length=request.META.get("CONTENT_LENGTH"))
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data

@@ -77,6 +77,8 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 CHUNK = 1 << 20
+# What a multipart body may carry besides the archive (the other fields, part headers).
+MULTIPART_OVERHEAD_BYTES = 1 << 20
 
 Progress = Callable[[str], None]
 
@@ -259,6 +261,22 @@ def _size_text(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)  # pragma: no cover
+
+
+def upload_declared_size_check(*, content_length: Any) -> None:
+    """Refuse (413) a request that declares a body too large for any archive, before reading it."""
+    try:
+        declared = int(content_length or 0)
+    except (TypeError, ValueError):
+        return
+    limit = settings.PREFLOOP_MODEL_UPLOAD_MAX_BYTES
+    if declared > limit + MULTIPART_OVERHEAD_BYTES:
+        raise InvalidRegistration(
+            f"the archive is larger than {_size_text(limit)} (PREFLOOP_MODEL_UPLOAD_MAX_BYTES); "
+            "nothing was kept.",
+            field="file",
+            status=413,
+        )
 
 
 def model_version_upload(

@@ -184,6 +184,11 @@ def models_table(request: HttpRequest, project_id: int) -> HttpResponse:
 def models_upload(request: HttpRequest, project_id: int) -> HttpResponse:
     """Unpack an uploaded archive into the project's folder and queue its validation."""
     project = _project(request, project_id)
+    try:  # before the body is read
+        registry.upload_declared_size_check(content_length=request.META.get("CONTENT_LENGTH"))
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+        return _page(request, project, status=exc.status)
     form = UploadForm(request.POST, request.FILES)
     status = 400
     if form.is_valid():

@@ -151,6 +151,14 @@ def test_an_oversized_upload_is_a_413(client, world, settings, tiny_policy_dir):
     assert "PREFLOOP_MODEL_UPLOAD_MAX_BYTES" in response.content.decode()
 
 
+def test_a_body_declared_past_the_limit_is_refused_before_it_is_read(client, world, settings):
+    settings.PREFLOOP_MODEL_UPLOAD_MAX_BYTES = 1000
+    response = _upload(_login(client, world["researcher"]), world, b"0" * (1 << 21))
+    assert response.status_code == 413
+    assert "PREFLOOP_MODEL_UPLOAD_MAX_BYTES" in response.content.decode()
+    assert not ModelVersion.objects.exists()
+
+
 def test_only_staff_register_a_folder(client, world, tiny_policy_dir):  # noqa: F811
     body = {
         "name": "from-folder",

@@ -433,6 +433,13 @@ def test_size_limits_refuse_the_upload_with_a_413(world, settings, tiny_policy_d
     assert not ModelVersion.objects.exists()
 
 
+def test_a_body_declared_past_the_limit_is_a_413(world, settings):
+    settings.PREFLOOP_MODEL_UPLOAD_MAX_BYTES = 1000
+    response = _upload(world, b"0" * (1 << 21))
+    assert response.status_code == 413 and response.json()["field"] == "file"
+    assert _files_under(world["models_root"]) == []
+
+
 @pytest.mark.parametrize(
     ("data", "file_name", "said"),
     [
