@@ -199,6 +199,11 @@ def generate_round_now(
         settings=loop_settings,
         reward_models=reward_models_newest(project=project),
     )
+    if not prompts:
+        raise ServiceError(
+            f"project {project.pk}: no prompts for the next round; import prompts into its "
+            "pool (the train split feeds training rounds)."
+        )
     return round_generate(
         project=project,
         model_version=policy,

@@ -426,3 +426,21 @@ def test_a_policy_folder_that_does_not_load_fails_the_job_without_showing_the_pa
     assert job.status == "failed" and job.error
     assert str(tmp_path) not in job.error
     assert not Round.objects.filter(project=project).exists()
+
+
+@pytest.mark.django_db
+def test_the_loop_asks_for_a_pool_when_it_has_no_prompts_for_the_next_round(tmp_path):
+    from annotation.errors import ServiceError
+
+    project = make_project(k=2)
+    import_round_one(project)  # prompts of an imported round are not in the pool
+    version = policy(project, tmp_path, "loop-policy")
+    settings = loop.LoopSettings(path="dpo", prompt_source="pool", n_prompts=4)
+    with pytest.raises(ServiceError, match="import prompts into its pool"):
+        loop.generate_round_now(
+            project_id=project.pk,
+            model_version_id=version.pk,
+            source_key="empty-pool:gen",
+            settings=settings.to_dict(),
+        )
+    assert Round.objects.filter(project=project).count() == 1
