@@ -672,3 +672,12 @@ def test_the_command_registers_and_validates_a_folder(db, tiny_policy_dir, tmp_p
             stderr=io.StringIO(),
         )
     assert ModelVersion.objects.get(name="cmd-wrong").status == "failed"
+
+    # validating again by name sees a folder that changed since
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CommandError, match="failed validation"):
+        call_command("models", "validate", "cmd-policy", stdout=io.StringIO(), stderr=io.StringIO())
+    version.refresh_from_db()
+    assert version.status == "failed" and "weights" in version.validation_error
+    with pytest.raises(CommandError, match="No model version"):
+        call_command("models", "validate", "nope", stdout=io.StringIO())
