@@ -343,6 +343,11 @@ CASES = [
         listing=True,
     ),
     Case(
+        "dashboard of A showing the samples of B's model version",
+        "GET",
+        lambda w: f"/dashboard/projects/{w.a.pk}/models/?policy={w.b_model.pk}",
+    ),
+    Case(
         "dashboard of A at B's round number",
         "GET",
         lambda w: f"/dashboard/projects/{w.a.pk}/?round={B_ROUND}",

@@ -57,6 +57,7 @@ class PolicySamples:
     previous: ModelVersion | None
     judge: str  # "" when no reward-model judge scored the answers
     scored: bool  # the judge row holds per-answer scores (evaluations since they are kept)
+    optimised_against: bool  # the policy was trained against this judge's reward model
     samples: list[Sample]
 
 
@@ -78,12 +79,18 @@ def policy_samples(*, version: ModelVersion) -> PolicySamples:
     """Return a version's evaluated answers with the reward-model judge's scores."""
     record = version.eval_results["generation"]
     previous_id = record["previous_id"]
-    judges = PolicyEvaluation.objects.filter(
-        policy=version, judge_kind=PolicyEvaluation.JudgeKind.REWARD_MODEL
-    ).order_by("pk")
-    # The first judge row is the newest reward model's; the one against the previous policy
-    # also scored the previous answers.
-    judge = judges.filter(opponent_id=previous_id).first() or judges.first()
+    judges = list(
+        PolicyEvaluation.objects.filter(
+            policy=version, judge_kind=PolicyEvaluation.JudgeKind.REWARD_MODEL
+        ).order_by("pk")
+    )
+    # The reward model the policy was optimised against is the one whose taste it learned
+    # (marked by the evaluation when known); otherwise the first judge, the newest reward
+    # model. Its row against the previous policy also scored the previous answers.
+    judges.sort(
+        key=lambda j: (not j.details.get("optimised_against", False), j.opponent_id != previous_id)
+    )
+    judge = judges[0] if judges else None
     scored = judge is not None and "scores_new" in judge.details
     new_scores = judge.details["scores_new"] if scored else None
     old_scores = (
@@ -109,6 +116,7 @@ def policy_samples(*, version: ModelVersion) -> PolicySamples:
         previous=previous,
         judge=judge.judge if judge is not None else "",
         scored=scored,
+        optimised_against=bool(judge is not None and judge.details.get("optimised_against")),
         samples=samples,
     )
 
@@ -130,6 +138,10 @@ def _groups(data: PolicySamples, chosen: list[Sample]) -> list[dict[str, Any]]:
         }
         for s in chosen
     ]
+
+
+def _optimised(data: PolicySamples) -> str:
+    return ", the reward model this policy was optimised against," if data.optimised_against else ""
 
 
 def _num(value: float | None) -> str:
@@ -156,8 +168,9 @@ def top_reward_panel(data: PolicySamples) -> Panel:
         rows=[_sample_row(s) for s in ranked],
         show_table=False,
         extra={"groups": _groups(data, ranked[:MAX_SHOWN])},
-        note=f"The {MAX_SHOWN} answers {data.judge} scores highest among the policy's answers "
-        "to the evaluation prompts (the CSV has all of them). If they read as long, flattering "
+        note=f"The {MAX_SHOWN} answers {data.judge}{_optimised(data)} scores highest among the "
+        "policy's answers to the evaluation prompts (the CSV has all of them). If they read as "
+        "long, flattering "
         "or repetitive rather than good, the reward model rewards style. "
         f"Texts are cut at {MAX_SAMPLE_CHARS} characters.",
     )
