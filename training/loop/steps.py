@@ -355,14 +355,31 @@ def _train_policy(
         )
         if rm_run is None:
             return None
-        _reward_model_check_step(rm_run.model_version, dataset, parent, settings, state)
-        reward_path = rm_run.model_version.artifact_path
+        reward_model = rm_run.model_version
+        _reward_model_check_step(reward_model, dataset, parent, settings, state)
+        from training.loop.gate import kl_budget
+        from training.scoring import reward_calibration
+
+        reward_model.refresh_from_db(fields=["eval_results"])
         ppo_config = {
             **PPO_DEFAULTS,
             **settings.ppo,
             "seed": settings.seed,
-            "reward_model_path": reward_path,
+            "reward_model_path": reward_model.artifact_path,
+            # The gate's budget is the one KL budget: PPO stops before it is spent.
+            "kl_budget": kl_budget(settings=settings),
         }
+        calibration = reward_calibration(reward_model.eval_results)
+        if calibration is not None:
+            # PPO reads the frozen temperature and normalisation instead of normalising on
+            # the fly, and records which reward model version they came from.
+            ppo_config["normalize_score"] = False
+            ppo_config["reward_calibration"] = {
+                "temperature": calibration.temperature,
+                "mean": calibration.shift,
+                "std": calibration.scale,
+                "model_version_id": reward_model.pk,
+            }
         run = _train(
             recipe="ppo",
             config=ppo_config,

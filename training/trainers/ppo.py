@@ -14,6 +14,12 @@ TRL 1.16 has no PPO trainer, so this module owns one. One *update* is:
    entropy bonus; clip gradient norms;
 5. update the KL controller, log, and at update boundaries write checkpoints.
 
+Guards against reward hacking (``ppo_guards``): PPO-ptx, an ensemble reward with an
+uncertainty penalty, a KL budget and early stopping on a held-out judge; with a KL budget or a
+judge, ``final/`` holds the weights they chose (the last under the budget, the best judged),
+not necessarily the last. A reward model version's frozen calibration (``reward_calibration``)
+replaces normalising on the fly; the run records which normalisation it used.
+
 Log-probs are always those of the distribution actually sampled from (temperature, top-k,
 top-p applied to the logits), so the ratio is exactly 1 before the first optimizer step.
 
@@ -41,6 +47,7 @@ from training.trainers.ppo_models import (
     RewardFn,
     ValueModel,
     load_models,
+    reward_normalisation_record,
 )
 from training.trainers.ppo_rollout import (
     Generation,
@@ -84,13 +91,22 @@ def train(
     """
     from training.trainers.checkpoints import newest_complete_checkpoint
     from training.trainers.common import start_run
-    from training.trainers.data import load_prompts
+    from training.trainers.data import DatasetError, load_prompts, load_sft
 
     dataset_dir, output_dir, logger = start_run(RECIPE, config, dataset_dir, output_dir, logger)
     splits = load_prompts(dataset_dir)
     train_prompts = list(splits.train["prompt"])
     eval_prompts = list(splits.validation["prompt"]) if splits.validation is not None else []
+    ptx_rows = None
+    if config.ptx_coef:
+        try:  # the preference export's chosen answers (deduplicated) are the demonstrations
+            ptx_rows = list(load_sft(dataset_dir).train)
+        except DatasetError as exc:
+            from training.trainers.common import ConfigError
+
+            raise ConfigError(f"ptx_coef needs demonstrations: {exc}") from exc
     models = load_models(config)
+    normalisation = reward_normalisation_record(config)
     trainer = PPOTrainer(
         config,
         policy=models["policy"],
@@ -102,9 +118,12 @@ def train(
         eval_prompts=eval_prompts,
         output_dir=output_dir,
         logger=logger,
+        judge=models["judge"],
+        ptx_rows=ptx_rows,
     )
     if hasattr(logger, "event"):
         logger.event("value_init", value_init=models["value_init"])
+        logger.event("reward_normalisation", **normalisation)
     checkpoint = config.resume_from_checkpoint or (
         (newest_complete_checkpoint(output_dir) or (None,))[0] if config.resume else None
     )
@@ -116,6 +135,7 @@ def train(
     started = time.perf_counter()
     start_step = trainer.update_step
     last = trainer.train()
+    guards = trainer.guards_finish(stopped=bool(trainer.guard.stop_reason))
     seconds = time.perf_counter() - started
     metrics: dict[str, Any] = {
         "global_step": trainer.update_step,
@@ -126,6 +146,10 @@ def train(
         "seconds_per_update": seconds / max(1, trainer.update_step - start_step),
         **{f"last_{k}": v for k, v in last.items()},
     }
+    if trainer.guards_on:
+        metrics["final_update"] = guards["final_update"]
+        if guards["best_judge_score"] is not None:
+            metrics["judge_best_score"] = guards["best_judge_score"]
     if config.evaluate_at_end and trainer.eval_prompts:
         result = trainer.evaluate(trainer.eval_prompts)
         metrics["eval_score_mean"] = result["score_mean"]
@@ -149,6 +173,8 @@ def train(
             status="finished",
             sampling=config.sampling_settings(),
             value_init=models["value_init"],
+            reward_normalisation=normalisation,
+            guards=guards,
             final_dir=str(final_dir),
             final_metrics=metrics,
         )

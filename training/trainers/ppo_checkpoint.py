@@ -109,6 +109,8 @@ class PPOCheckpointing:
             "episodes": self.episodes,
             "data_epoch": self.data_epoch,
             "data_offset": self.data_offset,
+            "ptx_position": [self.ptx_epoch, self.ptx_offset],
+            "guards": self.guard.summary(),
             "num_train_prompts": len(self.train_prompts),
             "kl_controller": self.kl_controller.state_dict(),
             "score_moments": self.score_moments.state_dict(),
@@ -198,3 +200,4 @@ class PPOCheckpointing:
         self.episodes = state["episodes"]
         self.data_epoch = state["data_epoch"]
         self.data_offset = state["data_offset"]
+        self.ptx_epoch, self.ptx_offset = state.get("ptx_position", [0, 0])

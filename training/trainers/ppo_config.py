@@ -101,6 +101,43 @@ class Config(BaseRecipeConfig):
             "float, e.g. 'training.demo:true_reward'. Exclusive with reward_model_path."
         },
     )
+    reward_model_paths: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Reward model folders scored as one ensemble (every seed member of each "
+            "counts once); the reward is mean - uncertainty_coef * std over the members (Coste "
+            "et al. 2024, Reward Model Ensembles Help Mitigate Overoptimization). Give members "
+            "trained alike (same data, different seeds): their scores are compared raw. "
+            "Exclusive with reward_model_path and reward_function."
+        },
+    )
+    uncertainty_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "k of the ensemble reward mean - k * std (Coste et al. 2024 penalise the "
+            "members' disagreement; std keeps the penalty in reward units). Applies to "
+            "reward_model_paths and to a reward model saved with seed members; 0 = mean only."
+        },
+    )
+    reward_calibration: dict[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "help": "The reward model version's frozen calibration: {'temperature', 'mean', "
+            "'std'} (temperature fitted on held-out pairs, Guo et al. 2017; mean and std of the "
+            "reward of the reference policy's answers, Ziegler et al. 2019 §2.2), optionally "
+            "'model_version_id'. Scores become (r / temperature - mean) / std, fixed for the "
+            "whole run instead of normalised on the fly. The loop fills it in."
+        },
+    )
+    judge_reward_model_path: str = field(
+        default="",
+        metadata={
+            "help": "A held-out judge: a reward model NOT used for training (e.g. trained on "
+            "held-out labels) that scores greedy answers to the validation prompts every "
+            "judge_every updates; the best-judged policy is kept as final (early stopping, "
+            "Gao et al. 2023 show proxy and gold reward part ways as KL grows)."
+        },
+    )
     value_model_path: str = field(
         default="",
         metadata={
@@ -229,6 +266,40 @@ class Config(BaseRecipeConfig):
         },
     )
 
+    # Guards against reward hacking.
+    ptx_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "PPO-ptx (Ouyang et al. 2022, InstructGPT §3.5 eq. 2): add ptx_coef x the "
+            "SFT loss (mean token NLL) of demonstrations to every micro-batch's loss. The "
+            "demonstrations are the chosen answers of the snapshot's train split (a preference "
+            "export; deduplicated); 0 = off."
+        },
+    )
+    kl_budget: float | None = field(
+        default=None,
+        metadata={
+            "help": "KL budget in nats per sequence: training stops when a rollout's mean "
+            "sequence KL to the reference exceeds it, and the last policy measured under it "
+            "becomes final (Gao et al. 2023: overoptimisation grows with KL). None = off."
+        },
+    )
+    judge_every: int = field(
+        default=5,
+        metadata={"help": "Score the policy with the held-out judge every N updates."},
+    )
+    judge_patience: int = field(
+        default=0,
+        metadata={
+            "help": "Stop after this many judge scores in a row without a new best "
+            "(early stopping, Prechelt 1998); 0 = never stop, only keep the best."
+        },
+    )
+    judge_prompts: int = field(
+        default=64,
+        metadata={"help": "Validation prompts the held-out judge scores (the first N)."},
+    )
+
     # Advantages and update.
     gamma: float = field(default=1.0, metadata={"help": "Discount gamma (InstructGPT/TRL: 1)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda (Schulman et al. 2016: 0.95)."})
@@ -276,8 +347,12 @@ class Config(BaseRecipeConfig):
     def validate(self) -> None:
         """Raise ConfigError when the fields cannot work together."""
         super().validate()
-        if bool(self.reward_model_path) == bool(self.reward_function):
-            raise ConfigError("give exactly one of reward_model_path and reward_function")
+        given = [bool(self.reward_model_path), bool(self.reward_model_paths)]
+        if sum(given) + bool(self.reward_function) != 1:
+            raise ConfigError(
+                "give exactly one of reward_model_path, reward_model_paths and reward_function"
+            )
+        self._validate_guards()
         if self.reward_function and ":" not in self.reward_function:
             raise ConfigError("reward_function must look like 'package.module:function'")
         choices = {
@@ -305,6 +380,48 @@ class Config(BaseRecipeConfig):
             raise ConfigError("gamma and lam must lie in [0, 1]")
         if self.trl_args:
             raise ConfigError("trl_args does not apply to PPO (TRL 1.16 has no PPO trainer)")
+
+    def _validate_guards(self) -> None:
+        """Raise ConfigError when a reward-hacking guard is set up wrongly."""
+        if not isinstance(self.reward_model_paths, list) or not all(
+            isinstance(path, str) and path for path in self.reward_model_paths
+        ):
+            raise ConfigError("reward_model_paths must be a list of reward model folders")
+        for name in ("uncertainty_coef", "ptx_coef"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"{name} must be a number >= 0")
+        if self.uncertainty_coef and self.reward_function:
+            raise ConfigError("uncertainty_coef needs reward models (an ensemble), not a function")
+        if self.reward_calibration:
+            calibration = self.reward_calibration
+            if not isinstance(calibration, dict) or not {"temperature", "mean", "std"} <= set(
+                calibration
+            ):
+                raise ConfigError("reward_calibration needs temperature, mean and std")
+            extra = set(calibration) - {"temperature", "mean", "std", "model_version_id"}
+            if extra:
+                raise ConfigError(f"reward_calibration: unknown key(s) {sorted(extra)}")
+            numbers = [calibration[k] for k in ("temperature", "mean", "std")]
+            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
+                raise ConfigError("reward_calibration: temperature, mean and std must be numbers")
+            if not (calibration["temperature"] > 0 and calibration["std"] > 0):
+                raise ConfigError("reward_calibration: temperature and std must be > 0")
+            if not self.reward_model_path:
+                raise ConfigError("reward_calibration belongs to one reward_model_path")
+            if self.normalize_score:
+                raise ConfigError(
+                    "reward_calibration is a frozen normalisation: turn normalize_score off"
+                )
+        if self.kl_budget is not None and not self.kl_budget > 0:
+            raise ConfigError("kl_budget must be > 0 nats (or null for no budget)")
+        if self.judge_every < 1 or self.judge_patience < 0 or self.judge_prompts < 1:
+            raise ConfigError("judge_every and judge_prompts must be >= 1, judge_patience >= 0")
+        rewards = {self.reward_model_path, *self.reward_model_paths} - {""}
+        if self.judge_reward_model_path and self.judge_reward_model_path in rewards:
+            raise ConfigError(
+                "judge_reward_model_path must not be a reward model used for training"
+            )
 
     @property
     def mini_batch_size(self) -> int:

@@ -302,6 +302,30 @@ def compute_gae(
 # --------------------------------------------------------------------------- losses
 
 
+def uncertainty_penalized(
+    member_scores: torch.Tensor, coef: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Return ``(mean - coef * std, mean, std)`` over ensemble members (dim 0) per sequence.
+
+    Conservative ensemble reward (Coste et al. 2024, uncertainty-weighted optimisation); std is
+    the population std of the members, in reward units, 0 for one member.
+    """
+    scores = member_scores.float()
+    mean = scores.mean(dim=0)
+    std = scores.std(dim=0, unbiased=False)
+    return mean - coef * std, mean, std
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Return the mean token NLL of ``labels`` under ``logits`` over ``mask`` (PPO-ptx term).
+
+    ``logits[:, t]`` predicts ``labels[:, t]``; InstructGPT §3.5 eq. 2 adds
+    gamma * E[log pi(x)] of pretraining/demonstration data to the RL objective.
+    """
+    logprobs = selected_logprobs(logits.float(), labels)
+    return -masked_mean(logprobs, mask.to(logprobs.dtype))
+
+
 @dataclass
 class PolicyLoss:
     """The clipped policy loss of one micro-batch and its diagnostics."""

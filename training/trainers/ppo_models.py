@@ -143,20 +143,83 @@ class ModelReward:
     model's own tokenizer and preprocessing; only text crosses from the policy.
     """
 
-    def __init__(self, model_dir: str | Path, batch_size: int = 16) -> None:
+    def __init__(
+        self, model_dir: str | Path, batch_size: int = 16, calibration: Any = None
+    ) -> None:
         from training.trainers.reward import RewardScorer
 
-        self.scorer = RewardScorer(model_dir, batch_size=batch_size)
-        freeze(self.scorer.model)
+        self.scorer = RewardScorer(model_dir, batch_size=batch_size, calibration=calibration)
+        for member in self.scorer.members:
+            freeze(member)
         self.tokenizer = self.scorer.tokenizer
         self.name = f"reward_model:{model_dir}"
 
-    def __call__(self, prompts: Sequence[Any], responses: Sequence[str]) -> torch.Tensor:
-        completions = [
+    @staticmethod
+    def _completions(prompts: Sequence[Any], responses: Sequence[str]) -> list[Any]:
+        return [
             [{"role": "assistant", "content": r}] if isinstance(p, list) else r
             for p, r in zip(prompts, responses, strict=True)
         ]
+
+    @property
+    def n_members(self) -> int:
+        return len(self.scorer.members)
+
+    def member_scores(self, prompts: Sequence[Any], responses: Sequence[str]) -> torch.Tensor:
+        """Return every seed member's (calibrated) score, shape ``[members, B]``."""
+        scores = self.scorer.member_scores(list(prompts), self._completions(prompts, responses))
+        return torch.tensor(scores, dtype=torch.float32)
+
+    def __call__(self, prompts: Sequence[Any], responses: Sequence[str]) -> torch.Tensor:
+        completions = self._completions(prompts, responses)
         return torch.tensor(self.scorer.score(list(prompts), completions), dtype=torch.float32)
+
+
+class EnsembleReward:
+    """Score responses with several reward models as one ensemble (every seed member counts).
+
+    Called, it returns the members' mean; ``member_scores`` gives what the uncertainty penalty
+    (Coste et al. 2024) needs.
+    """
+
+    def __init__(self, model_dirs: Sequence[str | Path], batch_size: int = 16) -> None:
+        self.models = [ModelReward(d, batch_size=batch_size) for d in model_dirs]
+        self.tokenizer = self.models[0].tokenizer
+        self.name = "reward_ensemble:" + ",".join(str(d) for d in model_dirs)
+
+    @property
+    def n_members(self) -> int:
+        return sum(model.n_members for model in self.models)
+
+    def member_scores(self, prompts: Sequence[Any], responses: Sequence[str]) -> torch.Tensor:
+        """Return every member's score, shape ``[members, B]``."""
+        return torch.cat([m.member_scores(prompts, responses) for m in self.models], dim=0)
+
+    def __call__(self, prompts: Sequence[Any], responses: Sequence[str]) -> torch.Tensor:
+        return self.member_scores(prompts, responses).mean(dim=0)
+
+
+def reward_calibration_of(config: Config):
+    """Return the frozen ``Calibration`` the config names, or None."""
+    if not config.reward_calibration:
+        return None
+    from training.trainers.reward import Calibration
+
+    stored = config.reward_calibration
+    return Calibration(
+        temperature=float(stored["temperature"]),
+        shift=float(stored["mean"]),
+        scale=float(stored["std"]),
+    )
+
+
+def reward_normalisation_record(config: Config) -> dict[str, Any]:
+    """Return which normalisation the run's scores get (written beside the checkpoints)."""
+    if config.reward_calibration:
+        return {"kind": "frozen", **config.reward_calibration}
+    if config.normalize_score:
+        return {"kind": "running", "detail": "mean/std of every raw score so far"}
+    return {"kind": "none"}
 
 
 RewardFn = Callable[[Sequence[Any], Sequence[str]], torch.Tensor]
@@ -196,12 +259,24 @@ def load_models(config: Config) -> dict[str, Any]:
     if not config.use_lora or config.reference_model_path:
         reference = AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32)
 
+    batch_size = config.per_device_eval_batch_size
     if config.reward_function:
         reward: RewardFn = FunctionReward.from_spec(config.reward_function)
         reward_tokenizer = None
-    else:
-        reward = ModelReward(config.reward_model_path, batch_size=config.per_device_eval_batch_size)
+    elif config.reward_model_paths:
+        reward = EnsembleReward(config.reward_model_paths, batch_size=batch_size)
         reward_tokenizer = reward.tokenizer
+    else:
+        reward = ModelReward(
+            config.reward_model_path,
+            batch_size=batch_size,
+            calibration=reward_calibration_of(config),
+        )
+        reward_tokenizer = reward.tokenizer
+    judge = None
+    if config.judge_reward_model_path:
+        judge = ModelReward(config.judge_reward_model_path, batch_size=batch_size)
+    first_reward_path = config.reward_model_path or next(iter(config.reward_model_paths), "")
 
     value_init = config.value_init
     if config.value_model_path:
@@ -218,7 +293,7 @@ def load_models(config: Config) -> dict[str, Any]:
         if value_init == "auto":
             value_init = "reward" if can_use_reward else "policy"
         if value_init == "reward":
-            value_model = value_from_reward_model(config.reward_model_path)
+            value_model = value_from_reward_model(first_reward_path)
         else:
             from transformers import AutoModel
 
@@ -228,6 +303,7 @@ def load_models(config: Config) -> dict[str, Any]:
         "policy": policy,
         "reference": reference,
         "reward": reward,
+        "judge": judge,
         "value_model": value_model,
         "value_init": value_init if not config.value_model_path else "path",
     }

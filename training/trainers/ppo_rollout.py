@@ -41,6 +41,8 @@ class Rollout:
     rewards: torch.Tensor  # [B, R] shaped rewards fed to GAE
     advantages: torch.Tensor  # [B, R] (whitened when configured)
     returns: torch.Tensor  # [B, R]
+    reward_mean: torch.Tensor | None = None  # [B] ensemble mean (an ensemble reward only)
+    reward_std: torch.Tensor | None = None  # [B] ensemble std (an ensemble reward only)
 
     @property
     def sequences(self) -> torch.Tensor:

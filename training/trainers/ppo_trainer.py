@@ -20,6 +20,7 @@ from training.trainers import ppo_core as core
 from training.trainers.common import ConfigError
 from training.trainers.ppo_checkpoint import PPOCheckpointing
 from training.trainers.ppo_config import SAMPLES_FILE, Config
+from training.trainers.ppo_guards import PPOGuards
 from training.trainers.ppo_models import RewardFn, ValueModel, disable_dropout, freeze, is_peft
 from training.trainers.ppo_rollout import (
     Rollout,
@@ -31,7 +32,7 @@ from training.trainers.ppo_rollout import (
 )
 
 
-class PPOTrainer(PPOCheckpointing):
+class PPOTrainer(PPOCheckpointing, PPOGuards):
     """Own the four models and run PPO updates; see the module docstring for one update."""
 
     def __init__(
@@ -48,6 +49,8 @@ class PPOTrainer(PPOCheckpointing):
         output_dir: str | Path | None = None,
         logger: Any = None,
         accelerator=None,
+        judge: RewardFn | None = None,
+        ptx_rows: list[dict] | None = None,
     ) -> None:
         from accelerate import Accelerator
         from transformers import get_scheduler
@@ -127,6 +130,7 @@ class PPOTrainer(PPOCheckpointing):
         self.data_epoch = 0
         self.data_offset = 0
         self.episodes = 0
+        self.setup_guards(judge=judge, ptx_rows=ptx_rows)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -363,7 +367,7 @@ class PPOTrainer(PPOCheckpointing):
         entropy = torch.cat(entropy)
 
         texts = self.decode(response_ids, masks)
-        raw_scores = self.reward(prompts, texts).float()
+        raw_scores, reward_mean, reward_std = self.score_responses(prompts, texts)
         scores = self.transform_scores(raw_scores, masks)
         action = masks.action_mask
         kl = core.kl_per_token(logprobs, ref_logprobs, config.kl_estimator) * action
@@ -396,6 +400,8 @@ class PPOTrainer(PPOCheckpointing):
             rewards=rewards,
             advantages=advantages,
             returns=returns,
+            reward_mean=reward_mean,
+            reward_std=reward_std,
         )
 
     # ---------------------------------------------------------------- optimisation
@@ -416,6 +422,7 @@ class PPOTrainer(PPOCheckpointing):
             "entropy": [],
             "policy_grad_norm": [],
             "value_grad_norm": [],
+            "ptx_loss": [],
         }
         for _ in range(config.num_ppo_epochs):
             order = torch.randperm(batch, generator=self.shuffle_generator)
@@ -450,6 +457,11 @@ class PPOTrainer(PPOCheckpointing):
                     loss = policy.loss + config.vf_coef * value_loss
                     if config.entropy_coef:
                         loss = loss - config.entropy_coef * mean_entropy
+                    if config.ptx_coef:
+                        # PPO-ptx: + gamma * SFT loss (Ouyang et al. 2022 §3.5 eq. 2)
+                        ptx = self.ptx_loss()
+                        loss = loss + config.ptx_coef * ptx
+                        stats["ptx_loss"].append(float(ptx.detach()))
                     accelerator.backward(loss / len(micro_batches))
                     stats["policy_loss"].append(float(policy.loss.detach()))
                     stats["value_loss"].append(float(value_loss.detach()))
@@ -478,17 +490,23 @@ class PPOTrainer(PPOCheckpointing):
     # ---------------------------------------------------------------- the loop
 
     def step(self) -> dict[str, float]:
-        """Run one PPO update (rollout, epochs, KL controller); return its metrics."""
+        """Run one PPO update (rollout, epochs, KL controller); return its metrics.
+
+        The rollout measures the weights before the update; when a guard stops there, no
+        update is made and the metrics carry ``guard/stopped`` = 1.
+        """
         started = time.perf_counter()
         prompts = self.next_prompts()
         rollout = self.make_rollout(prompts)
         rollout_seconds = time.perf_counter() - started
-        update_stats = self.optimize(rollout)
+        kl_per_sequence = self._gather(rollout.kl.sum(dim=1))
         metrics = self.rollout_metrics(rollout)
+        if self.guards_on and self.guard_boundary(float(kl_per_sequence.mean()), last=False):
+            return {**metrics, "guard/stopped": 1}
+        update_stats = self.optimize(rollout)
         metrics.update({f"ppo/{k}": v for k, v in update_stats.items()})
         # beta is adapted on the rollout's mean KL per sequence over all processes
         # (Ziegler et al. 2019 §2.2), so every process keeps the same beta.
-        kl_per_sequence = self._gather(rollout.kl.sum(dim=1))
         self.kl_controller.update(float(kl_per_sequence.mean()), kl_per_sequence.numel())
         if self.accelerator.num_processes > 1:  # the headline numbers over every process
             metrics["kl/seq_mean"] = float(kl_per_sequence.mean())
@@ -513,7 +531,14 @@ class PPOTrainer(PPOCheckpointing):
         action = masks.action_mask
         kl_seq = rollout.kl.sum(dim=1)
         kl_penalty = (-rollout.kl_coef * rollout.kl).sum(dim=1)
+        ensemble = {}
+        if rollout.reward_std is not None:
+            ensemble = {
+                "reward/ensemble_mean": float(rollout.reward_mean.mean()),
+                "reward/ensemble_std": float(rollout.reward_std.mean()),
+            }
         return {
+            **ensemble,
             "score/raw_mean": float(rollout.raw_scores.mean()),
             "score/raw_std": float(rollout.raw_scores.std())
             if len(rollout.raw_scores) > 1
@@ -540,8 +565,13 @@ class PPOTrainer(PPOCheckpointing):
         }
 
     @torch.no_grad()
-    def evaluate(self, prompts: list[Any], *, greedy: bool = True) -> dict[str, Any]:
-        """Answer ``prompts`` (greedily by default) and return mean score, length and samples."""
+    def evaluate(
+        self, prompts: list[Any], *, greedy: bool = True, reward: RewardFn | None = None
+    ) -> dict[str, Any]:
+        """Answer ``prompts`` (greedily by default); return mean score, length and samples.
+
+        Scores come from ``reward`` (default: the training reward).
+        """
         if not prompts:
             return {"score_mean": float("nan"), "samples": []}
         query_ids, query_mask = self.encode_prompts(prompts)
@@ -549,7 +579,7 @@ class PPOTrainer(PPOCheckpointing):
         response_ids = self.generate(query_ids, query_mask, greedy=greedy, generator=generator)
         masks = core.build_response_masks(response_ids, self.stop_ids)
         texts = self.decode(response_ids, masks)
-        scores = self.reward(prompts, texts)
+        scores = (reward or self.reward)(prompts, texts)
         samples = [
             {"prompt": p, "response": t, "score": float(s)}
             for p, t, s in zip(prompts, texts, scores, strict=True)
@@ -562,13 +592,20 @@ class PPOTrainer(PPOCheckpointing):
         }
 
     def train(self, num_updates: int | None = None) -> dict[str, float]:
-        """Run updates until ``num_updates`` (default: the planned number) are done."""
+        """Run updates until ``num_updates`` (default: the planned number) are done.
+
+        A guard (KL budget, judge patience) may stop earlier: ``self.guard.stop_reason`` says
+        why, and ``guards_finish`` puts the weights the guards chose in place.
+        """
         target = num_updates if num_updates is not None else self.num_updates
         metrics: dict[str, float] = {}
         if self.logger is not None and hasattr(self.logger, "progress"):
             self.logger.progress(self.update_step, target)
         while self.update_step < target:
             metrics = self.step()
+            if metrics.get("guard/stopped"):
+                self._log_at(self.update_step, {"guard/stopped": 1})
+                break
             if self.update_step % self.config.logging_steps == 0 or self.update_step == target:
                 self._log(metrics)
                 self._write_samples()
@@ -579,14 +616,17 @@ class PPOTrainer(PPOCheckpointing):
         return metrics
 
     def _log(self, metrics: dict[str, Any]) -> None:
+        self._log_at(self.update_step, metrics)
+
+    def _log_at(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.accelerator.is_main_process:
             return
         if self.logger is not None:
-            self.logger.log(metrics, step=self.update_step)
+            self.logger.log(metrics, step=step)
         elif self.output_dir is not None:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             with (self.output_dir / "metrics.jsonl").open("a") as fh:
-                fh.write(json.dumps({"step": self.update_step, **metrics}) + "\n")
+                fh.write(json.dumps({"step": step, **metrics}) + "\n")
 
     def _write_samples(self) -> None:
         if self.output_dir is None or not self.sample_prompts:

@@ -494,6 +494,14 @@ class RewardScorer:
             scores.extend(logits[:, 0].float().cpu().tolist())
         return scores
 
+    def member_scores_ids(self, batch_ids: list[list[int]]) -> list[list[float]]:
+        """Return each ensemble member's (calibrated) reward of each pre-tokenized sequence."""
+        per_member = []
+        for model in self.members:
+            raw = self._member_scores(model, batch_ids)
+            per_member.append(raw if self.calibration is None else self.calibration.apply(raw))
+        return per_member
+
     def score_ids_with_spread(self, batch_ids: list[list[int]]) -> tuple[list[float], list[float]]:
         """Return the (calibrated) mean reward over ensemble members and their std per sequence.
 
@@ -501,11 +509,7 @@ class RewardScorer:
         """
         import numpy as np
 
-        per_member = []
-        for model in self.members:
-            raw = self._member_scores(model, batch_ids)
-            per_member.append(raw if self.calibration is None else self.calibration.apply(raw))
-        values = np.asarray(per_member, dtype=float)
+        values = np.asarray(self.member_scores_ids(batch_ids), dtype=float)
         return values.mean(axis=0).tolist(), values.std(axis=0).tolist()
 
     def score_ids(self, batch_ids: list[list[int]]) -> list[float]:
@@ -524,6 +528,10 @@ class RewardScorer:
     ) -> tuple[list[float], list[float]]:
         """Return the reward of each (prompt, completion) and the ensemble's std of it."""
         return self.score_ids_with_spread(self._ids(prompts, completions))
+
+    def member_scores(self, prompts: list[Any], completions: list[Any]) -> list[list[float]]:
+        """Return each member's reward of each (prompt, completion): ``[members][pairs]``."""
+        return self.member_scores_ids(self._ids(prompts, completions))
 
     def _ids(self, prompts: list[Any], completions: list[Any]) -> list[list[int]]:
         """Return the input ids of each (prompt, completion), preprocessed as in training."""
