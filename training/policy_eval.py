@@ -304,7 +304,7 @@ def policy_evaluate(
             policy_answers(version=version, prompts=prompts, settings=settings),
         )
 
-    judges = _judges(project=project, settings=settings, prompts=prompts)
+    judges = _judges(project=project, settings=settings, prompts=prompts, policy=policy)
     keys = [p.key for p in prompts]
     rows: list[PolicyEvaluation] = []
     for version, old_answers in opponents.values():
@@ -378,6 +378,11 @@ def policy_evaluate(
     return record
 
 
+def _marked(result: tuple[list[str], dict], **marks) -> tuple[list[str], dict]:
+    outcomes, details = result
+    return outcomes, {**details, **marks}
+
+
 def _role(version, previous, base) -> str:
     roles = []
     if previous is not None and version.pk == previous.pk:
@@ -397,7 +402,7 @@ def _nth(kl: dict, i: int) -> float | None:
 
 
 def _judges(
-    *, project: Project, settings: LoopSettings, prompts: list[EvalPrompt]
+    *, project: Project, settings: LoopSettings, prompts: list[EvalPrompt], policy: ModelVersion
 ) -> list[tuple[str, str, Any]]:
     """Return (kind, name, call(new, old) -> (outcomes, details)) of each judge to ask."""
     from training.loop.mining import reward_models_newest
@@ -405,13 +410,23 @@ def _judges(
     judges: list[tuple[str, str, Any]] = []
     prompts_of = prompts
     count = settings.evaluation["reward_models"]
+    trained_against = (
+        (policy.training_run.config or {}).get("reward_model_path")
+        if (policy.training_run_id)
+        else None
+    )
     for rm in reward_models_newest(project=project, limit=count) if count else []:
+        # A policy optimised against this reward model is judged by it too, but that verdict
+        # is biased in the policy's favour (reward over-optimisation, Gao et al. 2023
+        # "Scaling Laws for Reward Model Overoptimization"): it is marked so.
+        optimised = bool(trained_against) and trained_against == rm.artifact_path
         judges.append(
             (
                 JudgeKind.REWARD_MODEL,
                 f"reward model {rm.pk} ({rm.name})",
-                lambda new, old, rm=rm: reward_model_outcomes(
-                    reward_model=rm, prompts=prompts_of, new=new, old=old
+                lambda new, old, rm=rm, optimised=optimised: _marked(
+                    reward_model_outcomes(reward_model=rm, prompts=prompts_of, new=new, old=old),
+                    optimised_against=optimised,
                 ),
             )
         )

@@ -250,7 +250,7 @@ def test_a_loop_iteration_evaluates_gates_and_generates_from_the_last_promoted_p
         dpo={"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 2},
         evaluation={"n_prompts": 4},
         # Failing: any answer longer than nothing breaks a length ratio of 0.
-        gate={"kl_budget": None, "max_length_ratio": 2.0 if passes else 0.0},
+        gate={"kl_budget": None, "max_length_ratio": 100.0 if passes else 0.0},
     )
     round1 = generate_round_now(
         project_id=project.pk,
@@ -309,7 +309,8 @@ def test_an_rm_ppo_iteration_scores_its_reward_model_on_the_test_split_and_freez
         reward={"max_steps": 2, "per_device_train_batch_size": 4, "save_steps": 2},
         ppo={"max_steps": 1, "rollout_batch_size": 4, "per_device_train_batch_size": 4},
         evaluation={"n_prompts": 4},
-        gate={"kl_budget": None, "min_win_rate_ci_low": None, "min_rm_accuracy": 0.0},
+        # Only the criteria this test is about: an untrained policy's lengths vary freely.
+        gate={"kl_budget": None, "max_length_ratio": None, "min_rm_accuracy": 0.0},
     )
     round1 = generate_round_now(
         project_id=project.pk,
@@ -336,5 +337,10 @@ def test_an_rm_ppo_iteration_scores_its_reward_model_on_the_test_split_and_freez
     rm_criterion = policy.gate["criteria"]["rm_test_accuracy"]
     assert rm_criterion["value"] == report["accuracy"]
     assert rm_criterion["reward_model"] == reward.pk and rm_criterion["passed"] is True
-    # The iteration's reward model judged the new policy against its parent.
-    assert policy.evaluations.filter(judge_kind="reward_model", opponent=base).exists()
+    # The iteration's reward model judged the new policy against its parent, but PPO was
+    # optimised against it: the gate reports that verdict without counting it.
+    verdict = policy.evaluations.get(judge_kind="reward_model", opponent=base)
+    assert verdict.details["optimised_against"] is True
+    win_criterion = policy.gate["criteria"][f"win_rate_ci_low[{verdict.judge}]"]
+    assert win_criterion["passed"] is None and "optimised against" in win_criterion["note"]
+    assert policy.promotion == "promoted"

@@ -150,13 +150,23 @@ def gate_criteria(*, policy: ModelVersion, settings) -> dict[str, dict]:
         policy=policy, opponent_id=previous_id, judge_kind__in=gate["win_rate_judges"]
     ).order_by("judge_kind", "judge")
     for verdict in verdicts:
-        criteria[f"win_rate_ci_low[{verdict.judge}]"] = {
-            **_criterion(
+        if verdict.details.get("optimised_against"):
+            # The policy was trained to please this judge: its verdict is reported only.
+            criterion = {
+                "value": verdict.ci_low,
+                "threshold": gate["min_win_rate_ci_low"],
+                "passed": None,
+                "note": "not counted: the policy was optimised against this reward model",
+            }
+        else:
+            criterion = _criterion(
                 verdict.ci_low,
                 gate["min_win_rate_ci_low"],
                 at_most=False,
                 note="no decisive verdict",
-            ),
+            )
+        criteria[f"win_rate_ci_low[{verdict.judge}]"] = {
+            **criterion,
             "judge_kind": verdict.judge_kind,
             "opponent": previous_id,
             "win_rate": verdict.win_rate,
