@@ -34,10 +34,13 @@ MODEL_ID_FIELDS = {
     "reference_model_path": "reference_model_id",
     "reward_model_path": "reward_model_id",
     "value_model_path": "value_model_id",
+    "judge_reward_model_path": "judge_reward_model_id",
 }
+# List-of-paths fields -> the list of ids a non-staff caller gives instead.
+MODEL_ID_LIST_FIELDS = {"reward_model_paths": "reward_model_ids"}
 RUN_ID_FIELDS = {"resume_from_checkpoint": "resume_from_run_id"}
 # model_name_or_path is named by the request's base_model_id, not by a config field.
-PATH_FIELDS = ("model_name_or_path", *MODEL_ID_FIELDS, *RUN_ID_FIELDS)
+PATH_FIELDS = ("model_name_or_path", *MODEL_ID_FIELDS, *MODEL_ID_LIST_FIELDS, *RUN_ID_FIELDS)
 
 # TrainingArguments knobs that change only the optimisation, never files, hub or code.
 _COMMON_TRL_ARGS = frozenset(
@@ -321,7 +324,11 @@ def training_config_resolve(
         accelerate_config_path(name=config["accelerate_config"])
 
     trusted = _is_trusted(user)
+    for path_field, id_field in MODEL_ID_LIST_FIELDS.items():
+        _resolve_path_list(config, path_field, id_field, user=user, project=project)
     for path_field in PATH_FIELDS:
+        if path_field in MODEL_ID_LIST_FIELDS:
+            continue
         id_field = MODEL_ID_FIELDS.get(path_field) or RUN_ID_FIELDS.get(path_field)
         given_id = config.pop(id_field, None) if id_field else None
         value = config.get(path_field)
@@ -347,6 +354,37 @@ def training_config_resolve(
             raise _refuse(field, f"server paths are for staff; give {instead}.")
         config[path_field] = path_check(value=value, field=field)
     return config
+
+
+def _resolve_path_list(config: dict, path_field: str, id_field: str, *, user, project) -> None:
+    """Resolve a list of model ids (or, for trusted callers, paths) to checked folders."""
+    given_ids = config.pop(id_field, None)
+    values = config.get(path_field)
+    if given_ids is not None and values:
+        raise _refuse(f"config.{id_field}", f"give {id_field} or {path_field}, not both.")
+    if given_ids is not None:
+        field = f"config.{id_field}"
+        if not isinstance(given_ids, list) or not given_ids:
+            raise _refuse(field, "expected a non-empty list of model version ids.")
+        folders = []
+        for index, version_id in enumerate(given_ids):
+            item = f"{field}[{index}]"
+            version = model_version_for_run(
+                user=user, project=project, version_id=version_id, field=item
+            )
+            folders.append(model_version_folder(version=version, field=item))
+        config[path_field] = folders
+        return
+    if not values:
+        return
+    field = f"config.{path_field}"
+    if not _is_trusted(user):
+        raise _refuse(field, f"server paths are for staff; give {id_field} (ids of this project).")
+    if not isinstance(values, list):
+        raise _refuse(field, "expected a list of folder paths.")
+    config[path_field] = [
+        path_check(value=value, field=f"{field}[{index}]") for index, value in enumerate(values)
+    ]
 
 
 def _run_checkpoint(user, project, run_id: Any, field: str) -> str:

@@ -418,3 +418,90 @@ def test_the_loop_gives_ppo_the_reward_models_frozen_calibration_and_the_gates_k
     recorded = json.loads((Path(run.output_dir) / "run.json").read_text())
     assert recorded["reward_normalisation"] == {"kind": "frozen", **expected}
     assert recorded["guards"]["last_kl"] is not None  # the budget was checked
+
+
+# --------------------------------------------------------------------------- who names what
+
+_security = pytest.importorskip("tests.training.test_security")
+training_settings = _security.training_settings
+reward_snapshot = _security.reward_snapshot
+world = _security.world
+sent = _security.sent
+
+
+def _guarded_ppo(world, **config) -> dict:
+    return _security._ppo(world, **config)
+
+
+@pytest.mark.django_db
+def test_a_researcher_names_the_ensemble_and_the_judge_by_ids_of_the_project(world, sent):
+    import os
+
+    # when a researcher of project A names two reward models and a judge by id
+    second = _security._finished_run(
+        world["a"], world["root"], Path(world["reward_a"].artifact_path), "reward"
+    )
+    response = _security._client(world["researcher"]).post(
+        _security.RUNS,
+        _guarded_ppo(
+            world,
+            reward_model_ids=[world["reward_a"].pk, second.pk],
+            judge_reward_model_id=world["policy_a"].pk,
+            uncertainty_coef=1.0,
+        ),
+        format="json",
+    )
+    # then the ids became the checked folders the trainer reads
+    assert response.status_code == 201, response.content
+    from training.models import TrainingRun
+
+    config = TrainingRun.objects.get(pk=response.json()["id"]).config
+    assert config["reward_model_paths"] == [
+        os.path.realpath(world["reward_a"].artifact_path),
+        os.path.realpath(second.artifact_path),
+    ]
+    assert config["judge_reward_model_path"] == os.path.realpath(world["policy_a"].artifact_path)
+    assert "reward_model_ids" not in config and "judge_reward_model_id" not in config
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("who", "config", "field", "status"),
+    [
+        # paths are for staff
+        ("researcher", {"reward_model_paths": ["reward_a"]}, "config.reward_model_paths", 400),
+        (
+            "researcher",
+            {"judge_reward_model_path": "reward_a"},
+            "config.judge_reward_model_path",
+            400,
+        ),
+        # another project's ids: unseen (404) or seen but not of this project (400)
+        ("researcher", {"reward_model_ids": ["reward_b"]}, "config.reward_model_ids[0]", 404),
+        (
+            "both",
+            {"reward_model_ids": ["reward_a", "reward_b"]},
+            "config.reward_model_ids[1]",
+            400,
+        ),
+        ("both", {"judge_reward_model_id": "reward_b"}, "config.judge_reward_model_id", 400),
+        # not a list of ids
+        ("researcher", {"reward_model_ids": "reward_a"}, "config.reward_model_ids", 400),
+    ],
+)
+def test_guard_models_of_another_project_or_by_path_are_refused(
+    world, sent, who, config, field, status
+):
+    def value(name):
+        model = world[name]
+        return model.artifact_path if "path" in field else model.pk
+
+    resolved = {}
+    for key, names in config.items():
+        if isinstance(names, list):
+            resolved[key] = [value(name) for name in names]
+        else:
+            resolved[key] = value(names) if key != "reward_model_ids" else names
+    payload = _guarded_ppo(world, **resolved)
+    response = _security._client(world[who]).post(_security.RUNS, payload, format="json")
+    _security._refused(world, sent, response, field, status)
