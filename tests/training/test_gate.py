@@ -217,20 +217,15 @@ def test_gate_settings_refuse_unknown_keys_and_bad_values():
         _loop_settings(win_rate_judges=["oracle"])
 
 
-@pytest.mark.parametrize("passes", [True, False], ids=["gate passes", "gate fails"])
-def test_a_loop_iteration_evaluates_gates_and_generates_from_the_last_promoted_policy(
-    settings, tmp_path, tiny_policy_dir, passes
-):
+def _pool_loop(tiny_policy_dir, *, n_eval: int, **gate):
+    """Return (project, base, settings) with round 1 generated from the base and labelled."""
     from annotation.imports import content_hash
     from annotation.models import Judgment, Prompt
-    from training.loop import loop_advance
     from training.loop.settings import LoopSettings
-    from training.models import PolicyEvaluation
     from training.rounds import generate_round_now
 
-    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
     project = make_project(overlap=1)
-    for split, count in (("train", 8), ("eval", 4)):
+    for split, count in (("train", 8), ("eval", n_eval)):
         for i in range(count):
             text = f"What is {i} + {i + 2}? ({split})"
             Prompt.objects.create(
@@ -249,8 +244,7 @@ def test_a_loop_iteration_evaluates_gates_and_generates_from_the_last_promoted_p
         generation={"temperature": 1.0, "max_new_tokens": 6},
         dpo={"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 2},
         evaluation={"n_prompts": 4},
-        # Failing: any answer longer than nothing breaks a length ratio of 0.
-        gate={"kl_budget": None, "max_length_ratio": 100.0 if passes else 0.0},
+        gate=gate,
     )
     round1 = generate_round_now(
         project_id=project.pk,
@@ -261,6 +255,49 @@ def test_a_loop_iteration_evaluates_gates_and_generates_from_the_last_promoted_p
     annotator = make_user()
     for item in round1.items.all():
         Judgment.objects.create(project=project, item=item, annotator=annotator, choice="A")
+    return project, base, loop_settings
+
+
+def test_an_unevaluated_policy_waits_for_the_evaluation_or_a_decision_by_hand(
+    settings, tmp_path, tiny_policy_dir
+):
+    from annotation.models import Round
+    from training.loop import loop_advance
+
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    # Given a pool without evaluation prompts, the new policy cannot be evaluated.
+    project, base, loop_settings = _pool_loop(tiny_policy_dir, n_eval=0)
+
+    state = loop_advance(project=project, settings=loop_settings, sync=True)
+
+    steps = {s.name: s for s in state.steps}
+    assert steps["evaluate"].status == "failed"
+    assert "no evaluation prompts" in steps["evaluate"].detail
+    assert steps["gate"].status == "waiting" and "by hand" in steps["gate"].detail
+    assert state.new_round is None
+    assert Round.objects.filter(project=project).count() == 1
+    new = ModelVersion.objects.get(training_run__project=project, training_run__recipe="dpo")
+    assert new.promotion == ""
+
+    # A researcher rejects it by hand: the loop goes on, from the base.
+    policy_reject(version=new, user=make_user(staff=True), reason="not evaluated, too risky")
+    state = loop_advance(project=project, settings=loop_settings, sync=True)
+    assert state.new_round is not None and state.new_round.model_version == base
+    assert state.new_round.items.exists()
+
+
+@pytest.mark.parametrize("passes", [True, False], ids=["gate passes", "gate fails"])
+def test_a_loop_iteration_evaluates_gates_and_generates_from_the_last_promoted_policy(
+    settings, tmp_path, tiny_policy_dir, passes
+):
+    from training.loop import loop_advance
+    from training.models import PolicyEvaluation
+
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    # Failing: any answer longer than nothing breaks a length ratio of 0.
+    project, base, loop_settings = _pool_loop(
+        tiny_policy_dir, n_eval=4, kl_budget=None, max_length_ratio=100.0 if passes else 0.0
+    )
 
     state = loop_advance(project=project, settings=loop_settings, sync=True)
 

@@ -311,7 +311,18 @@ def loop_advance(
         return state
     policy = ModelVersion.objects.get(training_run=run)
     evaluation_error = _evaluate_step(project, policy, settings, state)
-    _gate_step(policy, settings, state, evaluation_error)
+    policy.refresh_from_db(fields=["promotion"])
+    if evaluation_error and not policy.promotion:
+        # Nothing says whether the policy is better: wait for the evaluation to succeed on a
+        # later tick, or for a researcher to promote or reject it by hand.
+        state.add(
+            "gate",
+            "waiting",
+            f"policy {policy.pk} is not evaluated; fix the evaluation or promote or reject "
+            "it by hand",
+        )
+        return state
+    _gate_step(policy, settings, state)
     if settings.evaluation["human_round"] and not evaluation_error:
         _human_round_step(project, policy, settings, state, sync)
     annotation_services.round_close(round_=round_)
@@ -538,11 +549,11 @@ def _human_verdicts_step(project, state: LoopState) -> None:
         )
 
 
-def _gate_step(policy: ModelVersion, settings, state: LoopState, evaluation_error: str) -> None:
+def _gate_step(policy: ModelVersion, settings, state: LoopState) -> None:
     """Promote the policy if it passes the gate; otherwise keep it unpromoted."""
     from training.loop.gate import policy_gate
 
-    decided = policy_gate(policy=policy, settings=settings, evaluation_error=evaluation_error)
+    decided = policy_gate(policy=policy, settings=settings)
     who = "by hand" if decided.promoted_by_id else "by the gate"
     state.add("gate", "done", f"{decided.promotion} {who}: {decided.promotion_reason}"[:1000])
 
