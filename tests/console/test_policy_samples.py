@@ -393,6 +393,15 @@ def test_a_raw_single_reward_model_says_what_is_missing():
     assert reward_tab.length_bucket_panel(version).status == "empty"
 
 
+def test_a_fitted_temperature_the_scorer_does_not_apply_is_named_so(evaluated_rm):
+    _project, version, report, _ = evaluated_rm
+    # A report stored without going through evaluate_rm --save: nothing for the scorer.
+    version.eval_results = {"rm_metrics": report}
+    rows = {r[0]: r for r in reward_tab.calibration_summary_panel(version).rows}
+    assert "temperature T (applied by the scorer)" not in rows
+    assert rows["temperature T (fitted, not applied)"][1] == report["temperature"]["value"]
+
+
 def test_reward_models_page_shows_the_new_panels_and_their_csv(client, evaluated_rm):
     project, _version, report, _ = evaluated_rm
     researcher = make_user("rm-researcher")

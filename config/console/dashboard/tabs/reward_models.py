@@ -284,6 +284,14 @@ def calibration_summary_panel(version: ModelVersion) -> Panel:
         )
     if temperature.get("value") is not None:
         held_out = f"{temperature.get('test_pairs')} held-out pairs"
+        if stored.get("temperature") is None:
+            rows.append(
+                [
+                    "temperature T (fitted, not applied)",
+                    number(temperature["value"]),
+                    "not stored for the scorer: raw rewards are used (evaluate_rm --save)",
+                ]
+            )
         rows += [
             ["held-out ECE at T = 1", number(temperature.get("test_ece")), held_out],
             ["held-out ECE at T", number(temperature.get("test_ece_at_temperature")), held_out],
