@@ -35,6 +35,7 @@ from annotation.errors import NotFound, ServiceError
 from annotation.imports import ImportFailed, items_import, normalise
 from annotation.models import Project, Prompt, Round
 from annotation.prompt_pool import PromptPayload, prompt_payload, prompt_pool_draw
+from training import config_policy
 from training.generation import GenerationError, GenerationSettings
 from training.generation.endpoints import candidates_generate
 from training.models import GenerationJob, ModelVersion
@@ -258,13 +259,7 @@ def _policy_check(*, project: Project, version_id: Any, index: int) -> ModelVers
         raise InvalidGenerationRequest(
             f"{version.name!r} is a reward model; pick a policy.", field=field
         )
-    if version.status != ModelVersion.Status.READY:
-        why = f" ({version.validation_error[:200]})" if version.validation_error else ""
-        raise InvalidGenerationRequest(
-            f"{version.name!r} is {version.status}, not ready{why}; only a validated "
-            "version generates.",
-            field=field,
-        )
+    config_policy.model_version_usable(version=version, field=field)
     return version
 
 

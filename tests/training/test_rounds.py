@@ -102,7 +102,7 @@ def test_bad_requests_are_refused_naming_the_field_and_nothing_is_queued(tmp_pat
     cases = [
         ({"policies": [999_999]}, "policies[0]", "no model version 999999 in this project"),
         ({"policies": [other.pk]}, "policies[0]", "in this project"),
-        ({"policies": [pending.pk]}, "policies[0]", "not ready"),
+        ({"policies": [pending.pk]}, "policies[0]", "usable once its validation passed"),
         ({"policies": [reward.pk]}, "policies[0]", "reward model"),
         ({"policies": [ready.pk], "n_prompts": 4}, "n_prompts", "holds 3 prompt(s)"),
         ({"policies": [ready.pk], "purpose": "eval"}, "n_prompts", "no eval prompts"),

@@ -42,10 +42,12 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model_path = self.model_path
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        from training.trainers.chat_templates import prepare_tokenizer
+
+        # The recipes' own preparation: a folder registered with the plain prompt format has
+        # no chat template and gets the plain Human:/Assistant: one it was trained with.
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(model_path))
         tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(model_path)
         model.eval()
         template = tokenizer.chat_template or ""
