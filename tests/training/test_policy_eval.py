@@ -280,3 +280,29 @@ def test_a_human_evaluation_round_is_served_and_its_labels_become_a_judge(lineag
     # The loop still learns from round 1, not from the evaluation round.
     state = loop_advance(project=project, settings=settings)
     assert state.key.endswith("-r1")
+
+
+def test_a_policy_behind_an_endpoint_is_evaluated_with_kl_reported_not_available(
+    settings, served_policy, lineage
+):
+    from training.generation.endpoints import model_version_endpoint_create
+
+    project, base, _child, _reward = lineage
+    base_url, model = served_policy
+    settings.PREFLOOP_GENERATION_ENDPOINTS = {
+        "served": {"base_url": base_url, "models": [model], "timeout_seconds": 120}
+    }
+    hosted = model_version_endpoint_create(
+        name="hosted", endpoint="served", model=model, project=project
+    )
+    hosted.parent = base
+    hosted.save(update_fields=["parent"])
+
+    record = policy_evaluate(policy=hosted, project=project, settings=_settings())
+
+    assert record["kl_reference"]["available"] is False
+    assert "log-probabilities" in record["kl_reference"]["reason"]
+    assert record["stats"]["n_answers"] == N_EVAL
+    verdict = PolicyEvaluation.objects.get(policy=hosted)
+    assert verdict.judge_kind == "reward_model" and verdict.opponent == base
+    assert verdict.wins + verdict.ties + verdict.losses == N_EVAL
