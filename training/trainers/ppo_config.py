@@ -438,3 +438,11 @@ class Config(BaseRecipeConfig):
             "stop_token_ids": list(self.stop_token_ids),
             "repetition_penalty": 1.0,
         }
+
+    def accelerate_mixed_precision(self) -> str:
+        """Return accelerate's mixed precision: as configured, 'auto' is bf16 where supported."""
+        if self.mixed_precision != "auto":
+            return self.mixed_precision
+        from training.trainers.common import use_bf16
+
+        return "bf16" if use_bf16() else "no"

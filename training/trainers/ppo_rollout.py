@@ -52,6 +52,41 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.query_mask, self.masks.action_mask.long()], dim=1)
 
+    def metrics(self) -> dict[str, float]:
+        """Return the rollout-side metrics of one update (mean over this process's batch)."""
+        masks = self.masks
+        action = masks.action_mask
+        kl_seq = self.kl.sum(dim=1)
+        kl_penalty = (-self.kl_coef * self.kl).sum(dim=1)
+        ensemble = {}
+        if self.reward_std is not None:
+            ensemble = {
+                "reward/ensemble_mean": float(self.reward_mean.mean()),
+                "reward/ensemble_std": float(self.reward_std.mean()),
+            }
+        return {
+            **ensemble,
+            "score/raw_mean": float(self.raw_scores.mean()),
+            "score/raw_std": float(self.raw_scores.std()) if len(self.raw_scores) > 1 else 0.0,
+            "score/used_mean": float(self.scores.mean()),
+            "reward/kl_penalty_mean": float(kl_penalty.mean()),
+            "reward/total_mean": float(self.rewards.sum(dim=1).mean()),
+            "kl/token_mean": float(core.masked_mean(self.kl, action)),
+            "kl/token_p95": core.masked_quantile(self.kl, action, 0.95),
+            "kl/seq_mean": float(kl_seq.mean()),
+            "kl/seq_p95": float(torch.quantile(kl_seq.float(), 0.95)),
+            "kl_coef": self.kl_coef,
+            "entropy/rollout": float(core.masked_mean(self.entropy, action)),
+            "response/length_mean": float(masks.lengths.float().mean()),
+            "response/eos_fraction": float(masks.ended.float().mean()),
+            "response/truncated_fraction": float(masks.truncated.float().mean()),
+            "response/empty_fraction": float(masks.empty.float().mean()),
+            "response/filtered": int((self.loss_mask.sum(dim=1) == 0).sum()),
+            "value/mean": float(core.masked_mean(self.values, action)),
+            "value/returns_mean": float(core.masked_mean(self.returns, action)),
+            "value/explained_variance": core.explained_variance(self.values, self.returns, action),
+        }
+
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(ids, mask)`` of sequences padded on the left to the longest."""

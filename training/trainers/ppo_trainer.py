@@ -56,7 +56,9 @@ class PPOTrainer(PPOCheckpointing, PPOGuards):
         from transformers import get_scheduler
 
         self.config = config
-        self.accelerator = accelerator or Accelerator(mixed_precision=_mixed_precision(config))
+        self.accelerator = accelerator or Accelerator(
+            mixed_precision=config.accelerate_mixed_precision()
+        )
         self.device = self.accelerator.device
         self.tokenizer = tokenizer
         self.reward = reward
@@ -500,7 +502,7 @@ class PPOTrainer(PPOCheckpointing, PPOGuards):
         rollout = self.make_rollout(prompts)
         rollout_seconds = time.perf_counter() - started
         kl_per_sequence = self._gather(rollout.kl.sum(dim=1))
-        metrics = self.rollout_metrics(rollout)
+        metrics = rollout.metrics()
         if self.guards_on and self.guard_boundary(float(kl_per_sequence.mean()), last=False):
             return {**metrics, "guard/stopped": 1}
         update_stats = self.optimize(rollout)
@@ -524,45 +526,6 @@ class PPOTrainer(PPOCheckpointing, PPOGuards):
             }
         )
         return metrics
-
-    def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
-        """Return the rollout-side metrics of one update (mean over this process's batch)."""
-        masks = rollout.masks
-        action = masks.action_mask
-        kl_seq = rollout.kl.sum(dim=1)
-        kl_penalty = (-rollout.kl_coef * rollout.kl).sum(dim=1)
-        ensemble = {}
-        if rollout.reward_std is not None:
-            ensemble = {
-                "reward/ensemble_mean": float(rollout.reward_mean.mean()),
-                "reward/ensemble_std": float(rollout.reward_std.mean()),
-            }
-        return {
-            **ensemble,
-            "score/raw_mean": float(rollout.raw_scores.mean()),
-            "score/raw_std": float(rollout.raw_scores.std())
-            if len(rollout.raw_scores) > 1
-            else 0.0,
-            "score/used_mean": float(rollout.scores.mean()),
-            "reward/kl_penalty_mean": float(kl_penalty.mean()),
-            "reward/total_mean": float(rollout.rewards.sum(dim=1).mean()),
-            "kl/token_mean": float(core.masked_mean(rollout.kl, action)),
-            "kl/token_p95": core.masked_quantile(rollout.kl, action, 0.95),
-            "kl/seq_mean": float(kl_seq.mean()),
-            "kl/seq_p95": float(torch.quantile(kl_seq.float(), 0.95)),
-            "kl_coef": rollout.kl_coef,
-            "entropy/rollout": float(core.masked_mean(rollout.entropy, action)),
-            "response/length_mean": float(masks.lengths.float().mean()),
-            "response/eos_fraction": float(masks.ended.float().mean()),
-            "response/truncated_fraction": float(masks.truncated.float().mean()),
-            "response/empty_fraction": float(masks.empty.float().mean()),
-            "response/filtered": int((rollout.loss_mask.sum(dim=1) == 0).sum()),
-            "value/mean": float(core.masked_mean(rollout.values, action)),
-            "value/returns_mean": float(core.masked_mean(rollout.returns, action)),
-            "value/explained_variance": core.explained_variance(
-                rollout.values, rollout.returns, action
-            ),
-        }
 
     @torch.no_grad()
     def evaluate(
@@ -638,11 +601,3 @@ class PPOTrainer(PPOCheckpointing, PPOGuards):
         with (self.output_dir / SAMPLES_FILE).open("a") as fh:
             for sample in result["samples"]:
                 fh.write(json.dumps({"step": self.update_step, **sample}) + "\n")
-
-
-def _mixed_precision(config: Config) -> str:
-    if config.mixed_precision != "auto":
-        return config.mixed_precision
-    from training.trainers.common import use_bf16
-
-    return "bf16" if use_bf16() else "no"
