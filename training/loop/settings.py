@@ -143,6 +143,12 @@ PPO_DEFAULTS: dict[str, Any] = {
     "max_length": 64,
     "save_steps": 200,
     "logging_steps": 5,
+    # Guards against reward hacking (training.trainers.ppo_guards). The loop also passes the
+    # reward model's frozen calibration and the gate's kl_budget. With a seed ensemble
+    # (reward.ensemble_size > 1) PPO trains on mean - 1 std of the members (Coste et al.
+    # 2024); PPO-ptx (ptx_coef) and the held-out judge (judge_reward_model_id) are a
+    # project's choice, off here.
+    "uncertainty_coef": 1.0,
 }
 
 
