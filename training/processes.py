@@ -274,6 +274,30 @@ def child_env(*, accelerate_config: Path | None = None) -> dict[str, str]:
     return env
 
 
+# torchrun's report when one of its processes fails (torch.distributed.elastic): the first
+# failure is the root cause, e.g. "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 12)".
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+    re.DOTALL,
+)
+
+
+def rank_killed(launcher_output: str) -> str:
+    """Return "rank N killed by signal NAME" when a multi-process launch ended because one of
+    its processes was killed by a signal (the kernel's out-of-memory killer, a lost node),
+    as torchrun reports it; "" otherwise (an exception in a rank is a failure of the run).
+
+    torchrun terminates the other processes of the group itself once one is gone, so no rank
+    is left waiting on a collective; the supervisor decides whether to restart the run.
+    """
+    found = _ROOT_CAUSE.search(launcher_output)
+    if found is None or int(found.group(2)) >= 0:
+        return ""
+    number = -int(found.group(2))
+    name = signal.Signals(number).name if number in signal.valid_signals() else str(number)
+    return f"rank {found.group(1)} killed by signal {name}"
+
+
 def terminate(process: subprocess.Popen) -> None:
     """SIGTERM the process group, then SIGKILL it after TRAINING_KILL_GRACE_SECONDS."""
     signal_group(process.pid, signal.SIGTERM)

@@ -73,7 +73,7 @@ class Claim:
     dropped_checkpoints: list[str] = field(default_factory=list)
 
 
-def _claim(run_id: int, task_id: str) -> Claim | None:
+def _claim(run_id: int, task_id: str, reason: str = "") -> Claim | None:
     """Mark the run as ours under a row lock, or return None when there is nothing to do."""
     with transaction.atomic():
         run = (
@@ -109,6 +109,7 @@ def _claim(run_id: int, task_id: str) -> Claim | None:
                     "checkpoint": checkpoint[0],
                     "step": checkpoint[1],
                     "at": now.isoformat(),
+                    **({"reason": reason} if reason else {}),
                 },
             ]
         run.status = TrainingRun.Status.RUNNING
@@ -144,14 +145,17 @@ def training_run_execute(
     run_id: int,
     task_id: str = "",
     on_progress: Callable[[Progress], None] | None = None,
+    restart_reason: str = "",
 ) -> TrainingRun | None:
     """Run the training CLI for a run to its end and record the outcome on the row.
 
     Safe to call any number of times for the same run: a finished, cancelled or failed run
     is left alone, a run supervised elsewhere (fresh heartbeat) is left alone, and a run
-    whose supervisor died resumes from its newest checkpoint.
+    whose supervisor died resumes from its newest checkpoint. When one process of a
+    multi-process run is killed by a signal, the whole run restarts from its newest
+    checkpoint (see ``_rank_restart``).
     """
-    claim = _claim(run_id, task_id)
+    claim = _claim(run_id, task_id, restart_reason)
     if claim is None:
         return TrainingRun.objects.filter(pk=run_id).first()
     run = claim.run
@@ -185,7 +189,36 @@ def training_run_execute(
         return TrainingRun.objects.filter(pk=run.pk).first()
     files.poll()
     watch.check(files, force=True)
+    reason = _rank_restart(run.pk, exit_code, files)
+    if reason:
+        return training_run_execute(
+            run_id=run_id, task_id=task_id, on_progress=on_progress, restart_reason=reason
+        )
     return _record_exit(run.pk, claim.attempt, exit_code, files)
+
+
+def _rank_restart(run_id: int, exit_code: int, files: RunFiles) -> str:
+    """Return why the whole run restarts when one of its processes was killed by a signal.
+
+    The launcher (torchrun) has already stopped the other processes. The run restarts from
+    its newest complete checkpoint, once per checkpoint: a loss before the first checkpoint,
+    or a second one before a newer checkpoint exists (an out-of-memory kill that comes
+    back), fails the run as before.
+    """
+    if exit_code == 0:
+        return ""
+    reason = processes.rank_killed(files.attempt_tail(80))
+    run = TrainingRun.objects.filter(pk=run_id).only("status", "resumes").first()
+    if not reason or run is None or run.status != TrainingRun.Status.RUNNING:
+        return ""
+    found = newest_complete_checkpoint(files.output_dir)
+    if found is None or any(
+        r.get("reason") and r.get("step") == found[1] for r in run.resumes or []
+    ):
+        return ""
+    with files.log_path.open("a") as log:
+        log.write(f"=== {reason}; restarting the whole run from checkpoint step {found[1]}\n")
+    return reason
 
 
 def _launch(claim: Claim, files: RunFiles) -> subprocess.Popen:
