@@ -7,6 +7,7 @@ kinds or other people's labels; researcher-only endpoints check the caller's rol
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied
@@ -16,7 +17,7 @@ from rest_framework.settings import api_settings as drf_api_settings
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from annotation import access, errors, projects, selectors, services
+from annotation import access, errors, projects, selectors, services, views
 from annotation.apis_imports import (
     ImportJobOutput,
     UploadField,
@@ -24,8 +25,9 @@ from annotation.apis_imports import (
     import_now_or_queue,
 )
 from annotation.imports import items_import
-from annotation.models import Membership, Project, Round
+from annotation.models import Membership, Project, Round, TaskKind
 from annotation.pagination import paginate
+from annotation.serving import assignment_prefetch, assignment_release
 
 
 class ServiceUnavailable(APIException):
@@ -137,6 +139,7 @@ class NextError(serializers.Serializer):
 class SubmitNextOutput(SubmitOutput):
     next = AssignmentOutput(allow_null=True)
     next_error = NextError(required=False)
+    ahead = AssignmentOutput(allow_null=True, required=False)
 
 
 class AssignmentStatusOutput(serializers.Serializer):
@@ -317,6 +320,62 @@ class ImportApi(APIView):
         )
 
 
+def _assignment_body(request, assignment, *, html: bool) -> dict:
+    """Return the blind payload of an assignment; with `html`, the annotator page's item too.
+
+    The item is rendered by the page's own template and context (candidates and prompts go
+    through the same escaping Markdown subset), so the page can show it without a request.
+    """
+    payload = selectors.assignment_payload(assignment=assignment)
+    if html:
+        project = Project.objects.get(pk=assignment.project_id)
+        context = {
+            "project": project,
+            "options": selectors.project_options(project),
+            "is_pairwise": project.task_kind == TaskKind.PAIRWISE,
+            **views._item_context(assignment=assignment, project=project),
+        }
+        payload["html"] = render_to_string(
+            "annotation/_item.html", context, request=getattr(request, "_request", request)
+        )
+    return payload
+
+
+class PrefetchApi(APIView):
+    """Hold the item after the current one under its own lease (the page shows it at once)."""
+
+    @extend_schema_serializer(component_name="PrefetchInput")
+    class InputSerializer(serializers.Serializer):
+        # true: the answer carries the item rendered as the annotator page shows it.
+        html = serializers.BooleanField(required=False, default=False)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={200: AssignmentOutput, 204: OpenApiResponse(description="Nothing left.")},
+        description="At most one item is held ahead beside the current one; asking again "
+        "renews and returns it. It becomes the current item when the current one is "
+        "submitted with `next`, or when `next` finds no current item.",
+    )
+    def post(self, request, project_id: int):
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assignment = assignment_prefetch(project_id=project_id, user=request.user)
+        if assignment is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(
+            _assignment_body(request, assignment, html=serializer.validated_data["html"])
+        )
+
+
+class ReleaseApi(APIView):
+    """Give back an item held ahead, e.g. when the annotator page is left."""
+
+    @extend_schema(request=None, responses=AssignmentStatusOutput)
+    def post(self, request, assignment_id: int):
+        assignment = assignment_release(assignment_id=assignment_id, user=request.user)
+        return Response({"assignment_id": assignment.pk, "status": assignment.status})
+
+
 class NextApi(APIView):
     @extend_schema(
         request=None,
@@ -355,6 +414,15 @@ class SubmitApi(APIView):
         )
         # true: the answer carries the next assignment too (one round trip per judgment).
         next = serializers.BooleanField(required=False, default=False)
+        # true (with next): the answer also carries the item after it, held ahead.
+        ahead = serializers.BooleanField(required=False, default=False)
+        # true: the items in the answer come rendered as the annotator page shows them.
+        html = serializers.BooleanField(required=False, default=False)
+
+        def validate(self, attrs):
+            if attrs["ahead"] and not attrs["next"]:
+                raise serializers.ValidationError({"ahead": 'ahead needs "next": true.'})
+            return attrs
 
     @extend_schema(
         request=InputSerializer,
@@ -368,16 +436,25 @@ class SubmitApi(APIView):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         fields = dict(serializer.validated_data)
-        serve_next = fields.pop("next")
+        serve_next, serve_ahead = fields.pop("next"), fields.pop("ahead")
+        html = fields.pop("html")
         result = services.judgment_submit(
-            assignment_id=assignment_id, user=request.user, serve_next=serve_next, **fields
+            assignment_id=assignment_id,
+            user=request.user,
+            serve_next=serve_next,
+            serve_ahead=serve_ahead,
+            **fields,
         )
         body = {"judgment_id": result.judgment.pk, "replayed": result.replayed}
         if serve_next:
-            following = result.next_assignment
+            following, ahead = result.next_assignment, result.ahead_assignment
             body["next"] = (
-                None if following is None else selectors.assignment_payload(assignment=following)
+                None if following is None else _assignment_body(request, following, html=html)
             )
+            if serve_ahead:
+                body["ahead"] = (
+                    None if ahead is None else _assignment_body(request, ahead, html=html)
+                )
             if result.next_error is not None:
                 body["next_error"] = {
                     "detail": result.next_error.message,

@@ -345,6 +345,8 @@ class Assignment(models.Model):
     leased_at = models.DateTimeField(auto_now_add=True)
     lease_expires = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Held ahead by the annotator page (prefetch): served once the current item is done.
+    ahead = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
@@ -359,9 +361,9 @@ class Assignment(models.Model):
                 condition=Q(kind="repeat") & ~Q(status="expired"),
                 name="assignment_one_repeat",
             ),
-            # At most one live lease per annotator and project.
+            # At most one live lease per annotator and project, and one held ahead beside it.
             models.UniqueConstraint(
-                fields=["project", "annotator"],
+                fields=["project", "annotator", "ahead"],
                 condition=Q(status="leased"),
                 name="assignment_one_live_lease",
             ),

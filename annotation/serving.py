@@ -13,6 +13,13 @@ annotator (the gold claim carries that test in its own statement), so a 204 mean
 whatever the kind, and skipping every primary item ends the work instead of unlocking the gold.
 Items of equal fill are served in a per-annotator order (a keyed hash of the item id), so
 people working at the same moment do not move through the items in lockstep.
+
+Prefetch: the annotator page may hold one more item under its own lease (`ahead`) beside the
+current one, so the next item is on screen the moment the current one is answered. A database
+constraint allows one live lease per annotator, project and `ahead`, so never a third; the
+held item is claimed by the same statements as any other (the same blindness rules), renewed
+by its own heartbeat, expires like any lease, and becomes the current item when `next` (or a
+submit asking for the next item) finds no current one.
 """
 
 import functools
@@ -302,10 +309,30 @@ def assignment_next(
     return serve_for_membership(membership=membership, user=user, rng=rng or random.Random())
 
 
-def serve_for_membership(
-    *, membership: Membership, user, rng: random.Random, live_possible: bool = True
+@transaction.atomic
+def assignment_prefetch(
+    *, project_id: int, user, rng: random.Random | None = None
 ) -> Assignment | None:
-    """Serve the annotator of a locked membership their live lease or a new claim."""
+    """Return the item held ahead for the annotator, or claim one; None when nothing is left."""
+    membership = _membership_for_update(project_id=project_id, user=user)
+    return serve_for_membership(
+        membership=membership, user=user, rng=rng or random.Random(), ahead=True
+    )
+
+
+def serve_for_membership(
+    *,
+    membership: Membership,
+    user,
+    rng: random.Random,
+    live_possible: bool = True,
+    ahead: bool = False,
+) -> Assignment | None:
+    """Serve the annotator of a locked membership their live lease or a new claim.
+
+    The current item is the live lease not held ahead, else the one held ahead (which then
+    becomes current); with `ahead` it is the lease held ahead, or a new claim held ahead.
+    """
     # `live_possible=False` saves the lease lookup when the caller knows there is none.
     project = membership.project
     if project.archived:
@@ -315,11 +342,15 @@ def serve_for_membership(
     now = timezone.now()
     lease_until = now + timedelta(seconds=project.lease_seconds)
 
-    live = _live_assignment(project_id=project.pk, user=user) if live_possible else None
+    live = (
+        _live_assignment(project_id=project.pk, user=user, ahead=ahead) if live_possible else None
+    )
     if live is not None:
         if live.lease_expires >= now:
             live.lease_expires = lease_until
-            live.save(update_fields=["lease_expires"])
+            # A lease held ahead becomes the current one once asked for as the next item.
+            live.ahead = ahead
+            live.save(update_fields=["lease_expires", "ahead"])
             return live
         # The annotator's own lease ran out: release it before serving anew.
         _assignment_expire(live, now)
@@ -357,6 +388,7 @@ def serve_for_membership(
             display_order=order or _display_order(project.k, rng),
             seq=membership.judgment_count,
             lease_expires=lease_until,
+            ahead=ahead,
         )
     )
 
@@ -370,18 +402,25 @@ def _assignment_for_update(*, assignment_id: int, user) -> Assignment:
     return assignment
 
 
-def _live_assignment(*, project_id: int, user) -> Assignment | None:
-    """The annotator's leased assignment in a project (at most one: a DB constraint)."""
-    found = sql.fetch_one(_live_sql(), [project_id, user.pk, Assignment.Status.LEASED], Assignment)
+def _live_assignment(*, project_id: int, user, ahead: bool = False) -> Assignment | None:
+    """The annotator's current leased assignment in a project, else the one held ahead (at
+    most one of each: a DB constraint); with `ahead`, only the one held ahead."""
+    found = sql.fetch_one(
+        _live_sql(ahead), [project_id, user.pk, Assignment.Status.LEASED], Assignment
+    )
     return found[0] if found else None
 
 
+_AHEAD_ONLY = 'AND a."ahead" '
+
+
 @functools.cache
-def _live_sql() -> str:
+def _live_sql(ahead: bool) -> str:
     return (
         f'SELECT {sql.columns(Assignment, "a")} FROM "{Assignment._meta.db_table}" a '
         f'WHERE a."project_id" = %s AND a."annotator_id" = %s AND a."status" = %s '
-        f'ORDER BY a."id" DESC LIMIT 1'
+        f"{_AHEAD_ONLY if ahead else ''}"
+        f'ORDER BY a."ahead", a."id" DESC LIMIT 1'
     )
 
 
@@ -456,6 +495,23 @@ def assignment_heartbeat(*, assignment_id: int, user) -> Assignment:
         )
     assignment.lease_expires = now + timedelta(seconds=assignment.project.lease_seconds)
     Assignment.objects.filter(pk=assignment.pk).update(lease_expires=assignment.lease_expires)
+    return assignment
+
+
+@transaction.atomic
+def assignment_release(*, assignment_id: int, user) -> Assignment:
+    """Give back an item held ahead (the page was left); a second call changes nothing."""
+    assignment = _assignment_for_update(assignment_id=assignment_id, user=user)
+    if assignment.status == Assignment.Status.EXPIRED:
+        return assignment
+    if assignment.status != Assignment.Status.LEASED or not assignment.ahead:
+        raise Conflict(
+            "Only an item held ahead can be released; skip the current item instead.",
+            code="not_ahead"
+            if assignment.status == Assignment.Status.LEASED
+            else assignment.status,
+        )
+    _assignment_expire(assignment, timezone.now())
     return assignment
 
 

@@ -20,6 +20,7 @@ from annotation.members import label_source_for
 from annotation.models import Assignment, Item, Judgment, Membership, Project, TaskKind
 from annotation.serving import (
     assignment_next,
+    assignment_prefetch,
     expire_if_overdue,
     locked_with_project_sql,
     serve_for_membership,
@@ -36,6 +37,9 @@ class SubmitResult:
     next_assignment: Assignment | None = None
     # Why no next item was served although one was asked for (paused, skip budget spent).
     next_error: "ServiceError | None" = None
+    # Filled only when the item after the next was asked for too (`serve_ahead`): the page
+    # holds it under its own lease (prefetch, see annotation.serving).
+    ahead_assignment: Assignment | None = None
 
 
 def _assignment_for_submit(*, assignment_id: int, user) -> tuple[Assignment, object]:
@@ -109,6 +113,7 @@ def judgment_submit(
     time_spent_ms: int | None = None,
     source: str | None = None,
     serve_next: bool = False,
+    serve_ahead: bool = False,
     rng: random.Random | None = None,
 ) -> SubmitResult:
     """Record a judgment for a live assignment; a retry with the same key returns the first."""
@@ -118,6 +123,7 @@ def judgment_submit(
         with transaction.atomic():
             return _judgment_submit_locked(
                 serve_next=serve_next,
+                serve_ahead=serve_ahead,
                 rng=rng or random.Random(),
                 assignment_id=assignment_id,
                 user=user,
@@ -135,7 +141,9 @@ def judgment_submit(
         if idempotency_key:
             previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
             if previous is not None:
-                return _replayed(previous, user=user, serve_next=serve_next, rng=rng)
+                return _replayed(
+                    previous, user=user, serve_next=serve_next, serve_ahead=serve_ahead, rng=rng
+                )
         raise Conflict("This assignment was already submitted.", code="already_submitted") from None
     except IntegrityError:
         # A concurrent retry with the same key won the race, or the key was used for
@@ -143,11 +151,15 @@ def judgment_submit(
         if idempotency_key:
             previous = _judgment_by_key(user=user, key=idempotency_key, assignment_id=assignment_id)
             if previous is not None:
-                return _replayed(previous, user=user, serve_next=serve_next, rng=rng)
+                return _replayed(
+                    previous, user=user, serve_next=serve_next, serve_ahead=serve_ahead, rng=rng
+                )
         raise
 
 
-def _replayed(judgment: Judgment, *, user, serve_next: bool, rng) -> SubmitResult:
+def _replayed(
+    judgment: Judgment, *, user, serve_next: bool, serve_ahead: bool, rng
+) -> SubmitResult:
     """Answer a replayed submit; the next item is what `next` serves now.
 
     The first answer's next item is the annotator's one live lease while it lasts, and
@@ -157,9 +169,12 @@ def _replayed(judgment: Judgment, *, user, serve_next: bool, rng) -> SubmitResul
         return SubmitResult(judgment, replayed=True)
     try:
         following = assignment_next(project_id=judgment.project_id, user=user, rng=rng)
+        ahead = None
+        if serve_ahead and following is not None:
+            ahead = assignment_prefetch(project_id=judgment.project_id, user=user, rng=rng)
     except ServiceError as error:
         return SubmitResult(judgment, replayed=True, next_error=error)
-    return SubmitResult(judgment, replayed=True, next_assignment=following)
+    return SubmitResult(judgment, replayed=True, next_assignment=following, ahead_assignment=ahead)
 
 
 class _AlreadySubmitted(Exception):
@@ -186,6 +201,7 @@ def _judgment_submit_locked(
     time_spent_ms,
     source,
     serve_next,
+    serve_ahead,
     rng,
 ) -> SubmitResult:
     """Check and store the judgment under the assignment's row lock; serve the next on ask."""
@@ -211,11 +227,20 @@ def _judgment_submit_locked(
         is_repeat=assignment.kind == Assignment.Kind.REPEAT,
         **answer,
     )
-    membership = _judgment_record(judgment=judgment, assignment=assignment, user=user, now=now)
+    membership, held_ahead = _judgment_record(
+        judgment=judgment, assignment=assignment, user=user, now=now
+    )
     _quality_control_on_commit(assignment=assignment, user=user)
     if not serve_next or membership is None:
         return SubmitResult(judgment, replayed=False)
-    return _with_next_item(judgment, membership=membership, user=user, rng=rng)
+    return _with_next_item(
+        judgment,
+        membership=membership,
+        user=user,
+        rng=rng,
+        serve_ahead=serve_ahead,
+        held_ahead=held_ahead,
+    )
 
 
 def _assignment_check_open(assignment: Assignment, *, now) -> None:
@@ -291,27 +316,43 @@ def _quality_control_on_commit(*, assignment: Assignment, user) -> None:
     )
 
 
-def _with_next_item(judgment: Judgment, *, membership: Membership, user, rng) -> SubmitResult:
-    """Return the stored judgment with the annotator's next item, served in this transaction."""
-    # The membership row is locked by the count update, as `next` locks it, and the lease
-    # just submitted was the annotator's only one in this project (a database constraint),
-    # so there is no live lease to look up.
+def _with_next_item(
+    judgment: Judgment,
+    *,
+    membership: Membership,
+    user,
+    rng,
+    serve_ahead: bool,
+    held_ahead: bool,
+) -> SubmitResult:
+    """Return the stored judgment with the annotator's next item, served in this transaction
+    (the item held ahead when there is one), and on ask the one after it, held ahead."""
+    # The membership row is locked by the count update, as `next` locks it. The lease just
+    # submitted was the annotator's only current one in this project (a database
+    # constraint), so the only live lease left is one held ahead, if the page prefetched
+    # one; the record statement said whether there is one, which saves a lookup.
     try:
         following = serve_for_membership(
-            membership=membership, user=user, rng=rng, live_possible=False
+            membership=membership, user=user, rng=rng, live_possible=held_ahead
         )
+        ahead = None
+        if serve_ahead and following is not None:
+            ahead = serve_for_membership(membership=membership, user=user, rng=rng, ahead=True)
     except ServiceError as error:
         # Paused, or the skip budget is spent: the judgment stands, no item comes with it.
         return SubmitResult(judgment, replayed=False, next_error=error)
-    return SubmitResult(judgment, replayed=False, next_assignment=following)
+    return SubmitResult(judgment, replayed=False, next_assignment=following, ahead_assignment=ahead)
 
 
-def _judgment_record(*, judgment: Judgment, assignment: Assignment, user, now) -> Membership | None:
+def _judgment_record(
+    *, judgment: Judgment, assignment: Assignment, user, now
+) -> tuple[Membership | None, bool]:
     """Store the judgment, finish its assignment, count it on the item and the membership.
 
     Hand-written statements (annotation/sql.py): compiling them with the ORM cost more CPU
     than the rest of the submit. On PostgreSQL the four writes are one statement (data-
-    modifying CTEs), one round trip instead of four. Return the membership, now locked.
+    modifying CTEs), one round trip instead of four. Return the membership, now locked, and
+    whether the annotator holds an item ahead (always assumed on other databases).
     """
     finished = [
         Assignment.Status.SUBMITTED,
@@ -329,24 +370,34 @@ def _judgment_record(*, judgment: Judgment, assignment: Assignment, user, now) -
         sql.execute(_finish_sql(), finished)
         if counts_done:
             sql.execute(_count_done_sql(), [assignment.item_id])
-        return _membership_count_judgment(project=assignment.project, user=user, now=now)
+        return _membership_count_judgment(project=assignment.project, user=user, now=now), True
     insert, insert_params = sql.insert_parts(judgment)
     found = sql.fetch_one(
         _judgment_record_sql(insert),
-        [*insert_params, *finished, assignment.item_id, counts_done, *membership_params],
+        [
+            *insert_params,
+            *finished,
+            assignment.item_id,
+            counts_done,
+            *membership_params,
+            assignment.project_id,
+            user.pk,
+            Assignment.Status.LEASED,
+        ],
         Membership,
     )
+    held_ahead = False
     if found is None:  # no longer a member: the judgment stands all the same
         judgment.pk = Judgment.objects.filter(assignment_id=assignment.pk).values_list(
             "pk", flat=True
         )[0]
         membership = None
     else:
-        membership, judgment.pk = found
+        membership, judgment.pk, held_ahead = found
         membership.project = assignment.project
     judgment._state.adding = False
     judgment._state.db = connection.alias
-    return membership
+    return membership, held_ahead
 
 
 @functools.cache
@@ -356,7 +407,9 @@ def _judgment_record_sql(insert: str) -> str:
         f"a AS ({_finish_sql()}), "
         f'i AS (UPDATE "{Item._meta.db_table}" SET "n_done" = "n_done" + 1 '
         f'WHERE "id" = %s AND %s) '
-        f"{_membership_count_sql('postgresql')}, (SELECT * FROM j)"
+        f"{_membership_count_sql('postgresql')}, (SELECT * FROM j), "
+        f'EXISTS (SELECT 1 FROM "{Assignment._meta.db_table}" h WHERE h."project_id" = %s '
+        f'AND h."annotator_id" = %s AND h."status" = %s AND h."ahead")'
     )
 
 

@@ -17,6 +17,8 @@ urlpatterns = [
     path("projects/<int:project_id>/progress/", apis.ProgressApi.as_view(), name="api-progress"),
     path("assignments/<int:assignment_id>/submit/", apis.SubmitApi.as_view(), name="api-submit"),
     path("assignments/<int:assignment_id>/skip/", apis.SkipApi.as_view(), name="api-skip"),
+    path("assignments/<int:assignment_id>/release/", apis.ReleaseApi.as_view(), name="api-release"),
+    path("projects/<int:project_id>/prefetch/", apis.PrefetchApi.as_view(), name="api-prefetch"),
     path(
         "assignments/<int:assignment_id>/heartbeat/",
         apis.HeartbeatApi.as_view(),

@@ -405,6 +405,7 @@ CASES = [
         lambda w: {"reason": "unreadable"},
     ),
     Case("heartbeat on B's lease", "POST", lambda w: f"/api/assignments/{w.b_lease.pk}/heartbeat/"),
+    Case("release B's lease", "POST", lambda w: f"/api/assignments/{w.b_lease.pk}/release/"),
     Case(
         "skip B's lease from A's task page",
         "POST",

@@ -102,6 +102,8 @@ ACCESS: dict[str, Rule] = {
     "api-submit": Rule(post=MEMBER_ONLY),
     "api-skip": Rule(post=MEMBER_ONLY, data=lambda w: {"reason": "unreadable"}),
     "api-heartbeat": Rule(post=MEMBER_ONLY),
+    "api-prefetch": Rule(post=MEMBER_ONLY, data=lambda w: {"html": True}),
+    "api-release": Rule(post=MEMBER_ONLY),
     # --- datasets (exports) ---
     "api-datasets": Rule(get=RESEARCHER, post=RESEARCHER),
     "api-dataset": Rule(get=RESEARCHER),
