@@ -58,6 +58,18 @@ class ImportJobOutput(serializers.ModelSerializer):
         return reverse("api-import-job", args=[job.project_id, job.pk])
 
 
+def import_failed(exc: ImportFailed) -> Response:
+    """Return the 400 of an import with bad lines: every bad line, and that nothing was written."""
+    return Response(
+        {
+            "detail": f"{exc.total_bad} bad line(s); nothing was imported.",
+            "code": "invalid_import",
+            "errors": [{"line": line, "error": msg} for line, msg in exc.errors],
+        },
+        status=status.HTTP_400_BAD_REQUEST,
+    )
+
+
 def too_large(message: str, *, limit: int) -> Response:
     """Return the 413 of an import past a size limit, naming the limit."""
     return Response(
@@ -106,14 +118,7 @@ def import_now_or_queue(
     try:
         report = run(import_jobs.open_import_file(upload.file, upload.name))
     except ImportFailed as exc:
-        return Response(
-            {
-                "detail": f"{exc.total_bad} bad line(s); nothing was imported.",
-                "code": "invalid_import",
-                "errors": [{"line": line, "error": msg} for line, msg in exc.errors],
-            },
-            status=status.HTTP_400_BAD_REQUEST,
-        )
+        return import_failed(exc)
     except ImportTooLarge as exc:
         return too_large(exc.message, limit=exc.limit)
     except (OSError, EOFError, zlib.error) as exc:  # a truncated or non-gzip .gz upload

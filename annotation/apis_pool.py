@@ -32,7 +32,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from annotation import access, prompt_pool
-from annotation.apis_imports import UploadField, too_large
+from annotation.apis_imports import UploadField, import_failed, too_large
 from annotation.errors import ServiceError
 from annotation.imports import ImportFailed, ImportTooLarge, size_text
 from annotation.imports.jobs import open_import_file
@@ -89,14 +89,7 @@ def pool_import_response(*, project: Project, stream, eval_fraction) -> Response
             project=project, stream=stream, eval_fraction=eval_fraction
         )
     except ImportFailed as exc:
-        return Response(
-            {
-                "detail": f"{exc.total_bad} bad line(s); nothing was imported.",
-                "code": "invalid_import",
-                "errors": [{"line": line, "error": msg} for line, msg in exc.errors],
-            },
-            status=status.HTTP_400_BAD_REQUEST,
-        )
+        return import_failed(exc)
     except ImportTooLarge as exc:
         return too_large(exc.message, limit=exc.limit)
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:

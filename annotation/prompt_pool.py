@@ -27,7 +27,12 @@ from django.db import transaction
 from django.db.models import Count, QuerySet
 
 from annotation.errors import ServiceError
-from annotation.imports.formats import content_hash, rows_read, validate_messages
+from annotation.imports.formats import (
+    content_hash,
+    external_id_problem,
+    prompt_problems,
+    rows_read,
+)
 from annotation.imports.limits import BATCH, MAX_ERRORS_REPORTED, ImportFailed
 from annotation.models import Item, Project, Prompt
 
@@ -91,23 +96,7 @@ def pool_row_check(row, *, project: Project) -> list[str]:
             f"unknown field(s): {', '.join(sorted(unknown))}; "
             "a pool line has 'prompt' or 'messages', and optional 'tags' and 'id'"
         )
-    limit = project.max_text_chars
-    prompt, messages = row.get("prompt"), row.get("messages")
-    if (prompt is None) == (messages is None):
-        problems.append("give exactly one of 'prompt' (text) or 'messages' (chat)")
-    elif prompt is not None:
-        if not isinstance(prompt, str) or not prompt.strip():
-            problems.append("'prompt' must be a non-empty string")
-        elif len(prompt) > limit:
-            problems.append(f"'prompt' is longer than {limit} characters")
-    else:
-        error = validate_messages(messages, "'messages'")
-        if error:
-            problems.append(error)
-        elif not any(m["content"].strip() for m in messages):
-            problems.append("'messages' must have some non-blank content")
-        elif sum(len(m["content"]) for m in messages) > limit:
-            problems.append(f"'messages' are longer than {limit} characters")
+    problems += prompt_problems(row, limit=project.max_text_chars)
     tags = row.get("tags", [])
     if not isinstance(tags, list) or not all(
         isinstance(t, str) and t.strip() and len(t) <= MAX_TAG_CHARS for t in tags
@@ -117,9 +106,9 @@ def pool_row_check(row, *, project: Project) -> list[str]:
         )
     elif len(tags) > MAX_TAGS:
         problems.append(f"'tags' has {len(tags)} tags; at most {MAX_TAGS} are allowed")
-    ext_id = row.get("id", "")
-    if not isinstance(ext_id, str | int) or isinstance(ext_id, bool) or len(str(ext_id)) > 200:
-        problems.append("'id' must be a string or integer of at most 200 characters")
+    id_problem = external_id_problem(row)
+    if id_problem:
+        problems.append(id_problem)
     return problems
 
 

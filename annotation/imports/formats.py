@@ -48,6 +48,36 @@ class _NotJson(ValueError):
     pass
 
 
+def prompt_problems(row: dict, *, limit: int) -> list[str]:
+    """Return the problems of a line's prompt: exactly one of 'prompt' (text) or 'messages'
+    (chat), not blank, at most ``limit`` characters. Items and the prompt pool both read it."""
+    prompt, messages = row.get("prompt"), row.get("messages")
+    if (prompt is None) == (messages is None):
+        return ["give exactly one of 'prompt' (text) or 'messages' (chat)"]
+    if prompt is not None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            return ["'prompt' must be a non-empty string"]
+        if len(prompt) > limit:
+            return [f"'prompt' is longer than {limit} characters"]
+        return []
+    error = validate_messages(messages, "'messages'")
+    if error:
+        return [error]
+    if not any(m["content"].strip() for m in messages):
+        return ["'messages' must have some non-blank content"]
+    if sum(len(m["content"]) for m in messages) > limit:
+        return [f"'messages' are longer than {limit} characters"]
+    return []
+
+
+def external_id_problem(row: dict, key: str = "id") -> str | None:
+    """Return what is wrong with a line's external id (a string or integer, 200 characters)."""
+    value = row.get(key, "")
+    if not isinstance(value, str | int) or isinstance(value, bool) or len(str(value)) > 200:
+        return f"'{key}' must be a string or integer of at most 200 characters"
+    return None
+
+
 def _reject_constant(name: str):
     raise _NotJson(f"{name} is not a JSON value")
 

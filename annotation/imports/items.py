@@ -17,7 +17,13 @@ from typing import IO
 from django.db import transaction
 
 from annotation.dedup import DedupTracker
-from annotation.imports.formats import content_hash, normalise, rows_read, validate_messages
+from annotation.imports.formats import (
+    content_hash,
+    external_id_problem,
+    normalise,
+    prompt_problems,
+    rows_read,
+)
 from annotation.imports.limits import BATCH, MAX_ERRORS_REPORTED, ImportFailed
 from annotation.models import (
     Candidate,
@@ -109,24 +115,10 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
     unknown = set(row) - {"id", "prompt", "messages", "candidates", "gold", "group_key"}
     if unknown:
         problems.append(f"unknown field(s): {', '.join(sorted(unknown))}")
-    limit = project.max_text_chars
-    prompt, messages = row.get("prompt"), row.get("messages")
-    if (prompt is None) == (messages is None):
-        problems.append("give exactly one of 'prompt' (text) or 'messages' (chat)")
-    elif prompt is not None:
-        if not isinstance(prompt, str) or not prompt.strip():
-            problems.append("'prompt' must be a non-empty string")
-        elif len(prompt) > limit:
-            problems.append(f"'prompt' is longer than {limit} characters")
-    else:
-        error = validate_messages(messages, "'messages'")
-        if error:
-            problems.append(error)
-        elif sum(len(m["content"]) for m in messages) > limit:
-            problems.append(f"'messages' are longer than {limit} characters")
-    ext_id = row.get("id", "")
-    if not isinstance(ext_id, str | int) or isinstance(ext_id, bool) or len(str(ext_id)) > 200:
-        problems.append("'id' must be a string or integer of at most 200 characters")
+    problems += prompt_problems(row, limit=project.max_text_chars)
+    id_problem = external_id_problem(row)
+    if id_problem:
+        problems.append(id_problem)
     group_key = row.get("group_key", "")
     if (
         not isinstance(group_key, str | int)
@@ -140,7 +132,7 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
         cands = []
     elif len(cands) != project.k:
         problems.append(f"expected {project.k} candidates, got {len(cands)}")
-    clean_cands, candidate_problems = _candidate_problems(cands, limit=limit)
+    clean_cands, candidate_problems = _candidate_problems(cands, limit=project.max_text_chars)
     problems.extend(candidate_problems)
     texts = [c.get("text") for c in clean_cands if isinstance(c.get("text"), str)]
     if len({normalise(t) for t in texts}) < len(texts):
@@ -158,7 +150,7 @@ def validate_row(row, *, project: Project) -> tuple[dict | None, list[str]]:
             problems.append(f"'gold' must list {project.k} ranks from 1 to {project.k}")
     if problems:
         return None, problems
-    return {**row, "candidates": clean_cands, "id": str(ext_id)}, []
+    return {**row, "candidates": clean_cands, "id": str(row.get("id", ""))}, []
 
 
 def _check_file(
