@@ -79,6 +79,9 @@ def _run(settings, recipe: str, config: dict, snapshot: Path, processes: int) ->
 def _assert_same_losses(one: TrainingRun, two: TrainingRun) -> None:
     single, double = _losses(one), _losses(two)
     assert len(single) == len(double) == STEPS
+    worst = max(abs(a - b) / abs(a) for a, b in zip(single, double, strict=True))
+    # shown with -s (docs/DEPLOY.md quotes it; benchmarks/multiprocess_match.py prints it too)
+    print(f"\n{one.recipe}: max relative loss difference, 2 vs 1 process: {worst:.2e}")
     for a, b in zip(single, double, strict=True):
         assert abs(a - b) <= LOSS_RTOL * abs(a), (single, double)
 
