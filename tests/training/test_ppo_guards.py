@@ -178,6 +178,27 @@ def test_calibrated_scorer_matches_the_calibration_formula(tiny_reward_dir):
     )
 
 
+def test_a_critic_warm_started_from_the_reward_model_predicts_calibrated_rewards(
+    tiny_reward_dir, tiny_tokenizer
+):
+    from transformers import AutoModelForSequenceClassification
+
+    from training.trainers.ppo_models import value_from_reward_model
+
+    ids = torch.tensor([tiny_tokenizer("What is 2 + 3? 2 + 3 = 5.")["input_ids"]])
+    mask = torch.ones_like(ids)
+    rm = AutoModelForSequenceClassification.from_pretrained(str(tiny_reward_dir)).eval()
+    with torch.no_grad():
+        raw = float(rm(input_ids=ids, attention_mask=mask).logits[0, 0])
+        plain = value_from_reward_model(tiny_reward_dir).eval()
+        calibrated = value_from_reward_model(tiny_reward_dir, Calibration(2.0, 0.3, 0.5)).eval()
+        # the value at the last token is the reward model's score of the whole sequence
+        assert float(plain(ids, mask)[0, -1]) == pytest.approx(raw, abs=1e-5)
+        assert float(calibrated(ids, mask)[0, -1]) == pytest.approx(
+            (raw / 2.0 - 0.3) / 0.5, abs=1e-5
+        )
+
+
 def test_ppo_ptx_mixes_the_chosen_answers_sft_loss_into_the_policy_loss(
     tiny_policy_dir, preference_snapshot, tmp_path
 ):

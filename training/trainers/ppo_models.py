@@ -73,8 +73,12 @@ def reward_head(model: nn.Module) -> nn.Linear | None:
     return None
 
 
-def value_from_reward_model(reward_model_dir: str | Path) -> ValueModel:
-    """Return a critic warm-started from a reward model: its backbone and its scalar head."""
+def value_from_reward_model(reward_model_dir: str | Path, calibration: Any = None) -> ValueModel:
+    """Return a critic warm-started from a reward model: its backbone and its scalar head.
+
+    With a ``calibration`` the head is rescaled to predict calibrated rewards, the units the
+    critic's targets are in: w / (T * scale) and (b / T - shift) / scale.
+    """
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     rm = AutoModelForSequenceClassification.from_pretrained(str(reward_model_dir), num_labels=1)
@@ -88,6 +92,11 @@ def value_from_reward_model(reward_model_dir: str | Path) -> ValueModel:
             head.bias.copy_(rm_head.bias)
         else:
             head.bias.zero_()
+        if calibration is not None:
+            head.weight.div_(calibration.temperature * calibration.scale)
+            head.bias.copy_(
+                (head.bias / calibration.temperature - calibration.shift) / calibration.scale
+            )
     backbone = AutoModel.from_pretrained(str(reward_model_dir), dtype=torch.float32)
     return ValueModel(backbone, head)
 
@@ -293,7 +302,7 @@ def load_models(config: Config) -> dict[str, Any]:
         if value_init == "auto":
             value_init = "reward" if can_use_reward else "policy"
         if value_init == "reward":
-            value_model = value_from_reward_model(first_reward_path)
+            value_model = value_from_reward_model(first_reward_path, reward_calibration_of(config))
         else:
             from transformers import AutoModel
 
