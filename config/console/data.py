@@ -17,13 +17,13 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from annotation import exports, tasks
-from annotation.apis_imports import declared_upload_too_large, import_now_or_queue
+from annotation.apis_imports import import_now_or_queue
 from annotation.errors import ServiceError
 from annotation.imports import items_import, preferences_import
 from annotation.models import DatasetVersion, ImportJob
 from config.console.access import console_project
 from config.console.context import console_context
-from config.console.forms import ExportForm, ImportForm
+from config.console.forms import ExportForm, ImportForm, upload_form
 
 PREVIEW_ROWS = 5
 
@@ -61,13 +61,8 @@ def _runner(project, kind: str, fmt: str):
 def import_upload(request: HttpRequest, project_id: int) -> HttpResponse:
     """Import an uploaded file: the report, every bad line, or the queued job's progress."""
     project = console_project(user=request.user, project_id=project_id)
-    refused = declared_upload_too_large(request)
-    form = ImportForm(request.POST, request.FILES)
-    if refused is not None:
-        form.is_valid()
-        form.add_error("file", refused.data["detail"])
-    if refused is not None or not form.is_valid():
-        status = 413 if refused is not None else 400
+    form, status = upload_form(request, ImportForm)
+    if status is not None:
         if request.headers.get("HX-Request"):
             return render(
                 request, "console/_import_form_errors.html", {"form": form}, status=status

@@ -27,6 +27,20 @@ def add_errors(form: forms.Form, problems: dict[str, str]) -> None:
         form.add_error(name if name in form.fields else None, text)
 
 
+def upload_form(request, form_class: type[forms.Form]) -> tuple[forms.Form, int | None]:
+    """Bind an upload form; return it with the status of its refusal (413 for a body declared
+    past the upload limit, 400 for form errors), or None when it is good."""
+    from annotation.apis_imports import declared_upload_too_large
+
+    refused = declared_upload_too_large(request)
+    form = form_class(request.POST, request.FILES)
+    if refused is not None:
+        form.is_valid()
+        form.add_error("file", refused.data["detail"])
+        return form, 413
+    return form, (None if form.is_valid() else 400)
+
+
 class ProjectForm(forms.ModelForm):
     """Every setting a researcher chooses, labelled and explained by the model's help text."""
 

@@ -17,7 +17,6 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from annotation.apis_imports import declared_upload_too_large
 from annotation.apis_pool import pool_import_response, pool_too_large
 from annotation.errors import ServiceError
 from annotation.imports.jobs import open_import_file
@@ -25,6 +24,7 @@ from annotation.models import Project, Round
 from annotation.prompt_pool import DEFAULT_EVAL_FRACTION, prompt_pool_counts, prompt_pool_list
 from config.console.access import console_project
 from config.console.context import console_context
+from config.console.forms import upload_form
 from training import rounds
 from training.models import GenerationJob
 
@@ -134,13 +134,8 @@ def pool_home(request: HttpRequest, project_id: int) -> HttpResponse:
 def pool_import(request: HttpRequest, project_id: int) -> HttpResponse:
     """Import an uploaded pool file: its counts, or every bad line (nothing imported)."""
     project = console_project(user=request.user, project_id=project_id)
-    refused = declared_upload_too_large(request)
-    form = PoolUploadForm(request.POST, request.FILES)
-    if refused is not None:
-        form.is_valid()
-        form.add_error("file", refused.data["detail"])
-    if refused is not None or not form.is_valid():
-        status = 413 if refused is not None else 400
+    form, status = upload_form(request, PoolUploadForm)
+    if status is not None:
         if request.headers.get("HX-Request"):
             return render(
                 request, "console/_import_form_errors.html", {"form": form}, status=status
