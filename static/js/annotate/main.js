@@ -11,6 +11,16 @@
  * no server support. Enter (or Submit) a second time sends at once. Leaving the page during
  * the hold sends the answer first; closing the tab sends it with a keepalive request, and the
  * outbox (outbox.js) sends it again from the next page until the server has it.
+ *
+ * One round trip: the answer is sent with `"next": true` and the server's reply carries the
+ * next item, rendered by the page's own template (escaped Markdown), which is shown as is.
+ *
+ * Prefetch (on with ?prefetch=1, off with ?prefetch=0; PREFETCH_DEFAULT otherwise): the page
+ * holds the next item under its own lease (POST prefetch), renewed by the heartbeat, so Enter
+ * shows it at once while the answer waits out its hold off screen. Undo brings the previous
+ * item back and the next one is held again. The reply to the held answer brings the item
+ * after that (`"ahead": true`). Leaving the page (pagehide, or the tab hidden) releases the
+ * held item; a visible tab holds one again.
  */
 import {
   backoffMs,
@@ -19,17 +29,23 @@ import {
   outboxFlush,
   outboxPut,
   outboxRead,
+  postJson,
   sendOnLeave,
   sendWithRetry,
 } from "./outbox.js";
-import { startHeartbeat, stopHeartbeat, watchActivity } from "./lease.js";
+import { beatAlso, startHeartbeat, stopHeartbeat, watchActivity } from "./lease.js";
 import { computeRanks, onRankingClick, setupRanking, teardownRanking } from "./ranking.js";
 import { keydownHandler } from "./shortcuts.js";
 import { announce, setStatus, setStatusWithLink } from "./status.js";
 
 const GRACE_MS = 5000;
+const PREFETCH_DEFAULT = false;
 
 let item = null; // the item on screen: its element, kind and phase (editing, grace, sending, done)
+let held = null; // the previous item, its answer in the hold or on its way, kept off screen
+let ahead = null; // the next item held under its own lease: {id, fragment, heartbeatUrl, releaseUrl}
+let aheadAsked = false; // a prefetch request is on its way
+let aheadDone = false; // the server had nothing more to hold ahead
 const nextRetry = { timer: null, attempt: 0 };
 
 const byId = (id) => document.getElementById(id);
@@ -41,6 +57,94 @@ function task() {
 function userId() {
   const el = task();
   return el ? el.dataset.user : "";
+}
+
+function prefetchOn() {
+  const el = task();
+  if (!el || !el.dataset.prefetchUrl) return false;
+  const asked = new URLSearchParams(window.location.search).get("prefetch");
+  return asked === null ? PREFETCH_DEFAULT : asked === "1";
+}
+
+/* ---------- the item held ahead (prefetch) ---------- */
+
+function fragmentFromHtml(html) {
+  const template = document.createElement("template");
+  template.innerHTML = html;
+  return template.content;
+}
+
+function holdAhead(id, fragment) {
+  const el = fragment.querySelector("#item");
+  if (!el) return;
+  ahead = {
+    id: String(id),
+    fragment,
+    heartbeatUrl: el.dataset.heartbeatUrl,
+    releaseUrl: el.dataset.releaseUrl,
+  };
+  const mine = ahead;
+  beatAlso(ahead.heartbeatUrl, () => {
+    // Its lease ran out: forget it and hold another.
+    if (ahead === mine) {
+      ahead = null;
+      requestAhead();
+    }
+  });
+}
+
+function dropAhead() {
+  ahead = null;
+  beatAlso(null);
+}
+
+async function requestAhead() {
+  if (!prefetchOn() || ahead || aheadAsked || aheadDone || held || !item) return;
+  if (document.visibilityState === "hidden") return;
+  aheadAsked = true;
+  let result = null;
+  try {
+    result = await postJson(task().dataset.prefetchUrl, { html: true });
+  } catch (e) {
+    result = null; // offline: the next answer's reply brings the item instead
+  }
+  aheadAsked = false;
+  if (!result) return;
+  if (result.status === 204) {
+    aheadDone = true;
+    return;
+  }
+  if (!result.ok || ahead || (item && String(result.data.assignment_id) === item.id)) return;
+  holdAhead(result.data.assignment_id, fragmentFromHtml(result.data.html));
+}
+
+function releaseAhead() {
+  if (!ahead) return;
+  sendOnLeave({ url: ahead.releaseUrl, body: {} });
+  dropAhead();
+}
+
+/* ---------- swapping items in place ---------- */
+
+function detachTask() {
+  const fragment = document.createDocumentFragment();
+  const el = task();
+  while (el.firstChild) fragment.appendChild(el.firstChild);
+  return fragment;
+}
+
+function showFragment(fragment) {
+  const el = task();
+  el.replaceChildren(fragment);
+  if (window.htmx) window.htmx.process(el);
+  itemShown();
+}
+
+function bumpCount() {
+  const count = byId("my-count");
+  if (count && /^\d+$/.test(count.textContent.trim())) {
+    count.textContent = String(parseInt(count.textContent, 10) + 1);
+  }
 }
 
 /* ---------- loading the next item (htmx) ---------- */
@@ -142,7 +246,7 @@ function setLocked(locked) {
   const skip = byId("skip-btn");
   const undoButton = byId("undo-btn");
   if (skip) skip.disabled = locked;
-  if (undoButton) undoButton.hidden = !(locked && item.phase === "grace");
+  if (undoButton) undoButton.hidden = !((locked && item.phase === "grace") || heldInGrace());
   if (submit) {
     submit.disabled = locked && item.phase !== "grace";
     submit.firstChild.textContent = item.phase === "grace" ? "Send now " : "Submit ";
@@ -152,10 +256,54 @@ function setLocked(locked) {
 
 /* ---------- submit, undo, send ---------- */
 
+function heldInGrace() {
+  return Boolean(held && held.phase === "grace");
+}
+
+/** The answer waiting out its hold: the item on screen's, or the previous item's. */
+function inGrace() {
+  if (item && item.phase === "grace") return item;
+  return heldInGrace() ? held : null;
+}
+
+function startHold(target) {
+  const render = () => {
+    const seconds = Math.max(0, Math.ceil((target.graceEnds - Date.now()) / 1000));
+    setStatus(
+      target === item
+        ? "Submitting in " + seconds + " s — U to undo, Enter to send now"
+        : "Submitting the previous answer in " + seconds + " s — U to undo",
+      "pending"
+    );
+  };
+  render();
+  announce(
+    target === item
+      ? "Answer held for 5 seconds. Press U to undo."
+      : "Next item. The previous answer is held for 5 seconds; press U to undo."
+  );
+  target.graceTick = setInterval(render, 250);
+  target.graceTimer = setTimeout(() => sendNow(target), GRACE_MS);
+}
+
+/** Show the item held ahead; the item on screen, its answer in the hold, waits off screen. */
+function swapToAhead() {
+  const previous = item;
+  setLocked(false); // undo brings it back ready to change
+  teardownRanking(previous);
+  previous.fragment = detachTask();
+  held = previous;
+  item = null;
+  const next = ahead;
+  dropAhead();
+  showFragment(next.fragment);
+  setLocked(false);
+}
+
 function commit() {
   if (!item) return;
   if (item.phase === "grace") {
-    sendNow();
+    sendNow(item);
     return;
   }
   if (item.phase !== "editing") return;
@@ -166,6 +314,8 @@ function commit() {
     return;
   }
   collected.body.time_spent_ms = Math.round(performance.now() - item.shownAt);
+  // One answer waits at a time: an earlier one still in its hold goes now.
+  if (heldInGrace()) sendNow(held);
   item.graceEnds = Date.now() + GRACE_MS;
   item.entry = {
     user: userId(),
@@ -176,65 +326,144 @@ function commit() {
   };
   outboxPut(item.entry);
   item.phase = "grace";
+  if (ahead && !held) {
+    // The next item is already here: show it in this frame; the answer waits off screen.
+    const previous = item;
+    swapToAhead();
+    startHold(previous);
+    setLocked(false);
+    return;
+  }
   setLocked(true);
-  const held = item;
-  const render = () => {
-    const seconds = Math.max(0, Math.ceil((held.graceEnds - Date.now()) / 1000));
-    setStatus("Submitting in " + seconds + " s — U to undo, Enter to send now", "pending");
-  };
-  render();
-  announce("Answer held for 5 seconds. Press U to undo.");
-  item.graceTick = setInterval(render, 250);
-  item.graceTimer = setTimeout(sendNow, GRACE_MS);
+  startHold(item);
 }
 
 function undo() {
-  if (!item || item.phase !== "grace") return;
-  clearTimeout(item.graceTimer);
-  clearInterval(item.graceTick);
-  outboxDrop(item.id);
-  item.phase = "editing";
-  item.entry = null;
-  item.leave = null;
-  setLocked(false);
+  if (item && item.phase === "grace") {
+    clearTimeout(item.graceTimer);
+    clearInterval(item.graceTick);
+    outboxDrop(item.id);
+    item.phase = "editing";
+    item.entry = null;
+    item.leave = null;
+    setLocked(false);
+  } else if (heldInGrace()) {
+    // The item on screen is held ahead again (as it is, with anything chosen on it) and the
+    // previous one comes back, ready to change.
+    const back = held;
+    clearTimeout(back.graceTimer);
+    clearInterval(back.graceTick);
+    outboxDrop(back.id);
+    held = null;
+    const shownId = item ? item.id : null;
+    teardownItem();
+    stopHeartbeat();
+    const fragment = detachTask();
+    if (shownId) holdAhead(shownId, fragment);
+    showFragment(back.fragment);
+  } else {
+    return;
+  }
   setStatus("Undone. Change your answer and submit again.", "info", 4000);
   announce("Undone.");
 }
 
-function sendNow() {
-  if (!item || item.phase !== "grace") return;
-  clearTimeout(item.graceTimer);
-  clearInterval(item.graceTick);
-  item.phase = "sending";
-  item.entry.holdUntil = 0;
-  outboxPut(item.entry);
-  setLocked(true);
-  const current = item;
-  sendWithRetry(current.entry, (outcome) => submitted(current, outcome), {
+function sendNow(target) {
+  if (!target || target.phase !== "grace") return;
+  clearTimeout(target.graceTimer);
+  clearInterval(target.graceTick);
+  target.phase = "sending";
+  target.entry.holdUntil = 0;
+  outboxPut(target.entry);
+  if (target === item) setLocked(true);
+  else if (item) setLocked(item.locked);
+  // The reply carries the next item (and, with prefetch, the one after it), ready to show.
+  const extra = target.leave ? {} : { next: true, ahead: prefetchOn(), html: true };
+  const wire = { ...target.entry, body: { ...target.entry.body, ...extra } };
+  const watching = () => item === target || (held === target && !target.leave);
+  sendWithRetry(wire, (outcome) => submitted(target, outcome), {
     onTry: (attempt) => {
-      if (item === current) setStatus(attempt ? "Saving… (try " + (attempt + 1) + ")" : "Saving…", "saving");
+      if (item === target) setStatus(attempt ? "Saving… (try " + (attempt + 1) + ")" : "Saving…", "saving");
     },
     onWait: (seconds, offline) => {
-      if (item !== current) return;
+      if (!watching()) return;
       const why = offline ? "Offline" : "Server busy";
       setStatus(why + ", retrying in " + seconds + " s — your answer is kept", "offline");
     },
   });
 }
 
+/** Show what the reply to a sent answer brings: the next item and the one held after it. */
+function applyReply(target, data) {
+  const next = data.next;
+  if (data.ahead) {
+    const aheadId = String(data.ahead.assignment_id);
+    if (!ahead && (!item || item.id !== aheadId)) holdAhead(aheadId, fragmentFromHtml(data.ahead.html));
+  } else if (data.ahead === null) {
+    aheadDone = true;
+  }
+  if (target === item) {
+    if (!next) {
+      loadNext(); // nothing left, paused or out of skips: the page says which
+      return;
+    }
+    const nextId = String(next.assignment_id);
+    if (ahead && ahead.id === nextId) {
+      const fragment = ahead.fragment;
+      dropAhead();
+      showFragment(fragment);
+    } else {
+      showFragment(fragmentFromHtml(next.html));
+    }
+    return;
+  }
+  // The previous item's reply: the item on screen is its next one; if the server had to
+  // serve another (the held lease was lost), show that instead.
+  if (next && item && item.phase === "editing" && item.id !== String(next.assignment_id)) {
+    showFragment(fragmentFromHtml(next.html));
+  } else if (ahead && item && item.phase === "grace" && !held) {
+    // The item on screen was answered while this reply was on its way: show the next now.
+    swapToAhead();
+  }
+  requestAhead();
+}
+
 function submitted(current, outcome) {
-  if (item !== current) return;
+  const onScreen = item === current;
+  if (!onScreen && held !== current) return;
   const result = outcome.result;
   if (outcome.ok || (result.status === 409 && result.data.code === "already_submitted")) {
     current.phase = "done";
+    if (held === current) held = null;
     if (current.leave) {
       current.leave();
       return;
     }
+    if (result.status === 201) bumpCount();
     setStatus("Saved", "saved", 2500);
-    announce("Saved. Loading the next item.");
+    announce(onScreen ? "Saved. Next item." : "Previous answer saved.");
     nextRetry.attempt = 0;
-    loadNext();
+    if (outcome.ok && "next" in result.data) applyReply(current, result.data);
+    else if (onScreen) loadNext();
+    else requestAhead();
+    if (item) setLocked(item.locked);
+    return;
+  }
+  if (!onScreen) {
+    // The previous item's answer was refused or can no longer be recorded.
+    if (outcome.auth) {
+      setStatusWithLink(
+        "You are logged out. Your answer is kept and will be sent when you come back:",
+        "log in",
+        "/accounts/login/",
+        "error"
+      );
+      return;
+    }
+    current.phase = "done";
+    held = null;
+    setStatus("Previous answer not saved: " + (result.data.detail || "the item is no longer yours."), "error", 8000);
+    requestAhead();
     return;
   }
   if (outcome.auth) {
@@ -268,13 +497,15 @@ function submitted(current, outcome) {
 /* ---------- leaving the page during the hold ---------- */
 
 function leaveAfterSending(leave) {
-  item.leave = leave;
+  const target = inGrace();
+  target.leave = leave;
   setStatus("Sending your answer before you leave…", "saving");
-  sendNow();
+  releaseAhead();
+  sendNow(target);
 }
 
 function onLinkClick(event) {
-  if (!item || item.phase !== "grace" || event.defaultPrevented) return;
+  if (!inGrace() || event.defaultPrevented) return;
   if (event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey || event.altKey) return;
   const link = event.target.closest && event.target.closest("a[href]");
   if (!link || link.target === "_blank" || link.hasAttribute("download")) return;
@@ -289,7 +520,7 @@ function onFormSubmit(event) {
   if (form.id === "judgment-form") {
     event.preventDefault();
     commit();
-  } else if (item && item.phase === "grace" && !form.closest("#task")) {
+  } else if (inGrace() && !form.closest("#task")) {
     // Log out (or any other form of the page) waits until the held answer is sent.
     event.preventDefault();
     leaveAfterSending(() => form.submit());
@@ -297,15 +528,24 @@ function onFormSubmit(event) {
 }
 
 function onPageHide() {
-  if (!item || item.phase !== "grace") return;
+  releaseAhead();
+  const target = inGrace();
+  if (!target) return;
   // The tab is closing or navigating away: send now; the outbox keeps it until confirmed.
-  item.entry.holdUntil = 0;
-  outboxPut(item.entry);
-  sendOnLeave(item.entry);
+  target.entry.holdUntil = 0;
+  outboxPut(target.entry);
+  sendOnLeave(target.entry);
+}
+
+function onVisibilityChange() {
+  // A hidden tab (often the last event a phone sends) gives the held item back; a visible
+  // one holds one again.
+  if (document.visibilityState === "hidden") releaseAhead();
+  else requestAhead();
 }
 
 function onBeforeUnload(event) {
-  if (item && item.phase === "sending") {
+  if ((item && item.phase === "sending") || (held && held.phase === "sending")) {
     event.preventDefault();
     event.returnValue = "";
   }
@@ -397,6 +637,7 @@ function setupItem() {
   };
   if (item.kind === "ranking") setupRanking(item);
   setLocked(false);
+  requestAhead();
   const current = item;
   startHeartbeat(current, {
     isLive: () => item === current && current.phase === "editing",
@@ -412,13 +653,17 @@ function setupItem() {
     item.entry = pending;
     item.phase = "grace";
     setLocked(true);
-    sendNow();
+    sendNow(item);
   }
 }
 
 function onAfterSwap(event) {
   // Only the swap into #task brings a new item; out-of-band swaps (#my-count) do not.
   if (event.target !== task()) return;
+  itemShown();
+}
+
+function itemShown() {
   nextRetry.attempt = 0;
   setupItem();
   const focusTarget = byId("item") || document.querySelector("#task [tabindex='-1']");
@@ -427,7 +672,7 @@ function onAfterSwap(event) {
 }
 
 function start() {
-  document.addEventListener("keydown", keydownHandler({ item: () => item, commit, undo, openSkip, pick }));
+  document.addEventListener("keydown", keydownHandler({ item: () => item, canUndo: () => Boolean(inGrace()), commit, undo, openSkip, pick }));
   document.addEventListener("click", onClick);
   document.addEventListener("change", onChange);
   document.addEventListener("submit", onFormSubmit);
@@ -441,6 +686,10 @@ function start() {
   document.addEventListener("htmx:afterSwap", onAfterSwap);
   window.addEventListener("beforeunload", onBeforeUnload);
   window.addEventListener("pagehide", onPageHide);
+  document.addEventListener("visibilitychange", onVisibilityChange);
+  window.addEventListener("pageshow", (event) => {
+    if (event.persisted) requestAhead();
+  });
   watchActivity();
   setupItem();
   outboxFlush(userId(), { except: item ? item.id : null });

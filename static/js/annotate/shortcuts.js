@@ -34,7 +34,8 @@ function onRankingKey(item, key, target, event) {
 
 /*
  * Return the keydown listener. `actions` gives: item() (the item on screen or null),
- * commit(), undo(), openSkip(), pick(name, value).
+ * canUndo() (an answer is in its hold, on screen or off), commit(), undo(), openSkip(),
+ * pick(name, value).
  */
 export function keydownHandler(actions) {
   return function onKeyDown(event) {
@@ -73,7 +74,7 @@ export function keydownHandler(actions) {
       return;
     }
     if (key === "u") {
-      if (item.phase === "grace") {
+      if (actions.canUndo()) {
         event.preventDefault();
         actions.undo();
       }
