@@ -54,11 +54,14 @@ def _ranks(output_dir: str) -> dict[int, psutil.Process]:
 
 
 class RankKiller(threading.Thread):
-    """Wait for two ranks and a complete checkpoint, then SIGKILL rank 1 (once)."""
+    """Wait for two ranks and a complete checkpoint, then SIGKILL rank 1; with ``again``,
+    SIGKILL rank 1 of the restarted run too, as soon as it is up (before a newer checkpoint).
+    """
 
-    def __init__(self, output_dir: str):
+    def __init__(self, output_dir: str, *, again: bool = False):
         super().__init__(daemon=True)
         self.output_dir = output_dir
+        self.again = again
         self.killed: dict = {}
         self.error: BaseException | None = None
 
@@ -83,6 +86,23 @@ class RankKiller(threading.Thread):
                 "survivor": survivor,
                 "checkpoint_step": found[1],
             }
+            if self.again:
+                first = {p.pid for p in ranks.values()}
+                restarted = wait_for(
+                    lambda: (
+                        (r := _ranks(self.output_dir))
+                        and len(r) == 2
+                        and not first & {p.pid for p in r.values()}
+                        and r
+                    ),
+                    timeout=300,
+                    interval=0.05,
+                    what="the two processes of the restarted run",
+                )
+                restarted[1].send_signal(signal.SIGKILL)
+                self.killed["again_at_step"] = checkpoints.newest_complete_checkpoint(
+                    self.output_dir
+                )[1]
         except BaseException as exc:  # reported by the test
             self.error = exc
 
@@ -137,3 +157,41 @@ def test_killing_one_rank_restarts_the_whole_run_from_its_checkpoint_once(
     assert len(resumed) == 1 and resumed[0]["checkpoint"] == resume["checkpoint"]
     assert done.current_metrics["global_step"] == STEPS
     assert ModelVersion.objects.filter(training_run=done).count() == 1
+
+
+def test_a_rank_killed_again_before_a_newer_checkpoint_fails_the_run(
+    training_settings, tiny_reward_dir, reward_snapshot
+):
+    # given a two-process reward run whose rank 1 is killed after a checkpoint
+    training_settings.TRAINING_ACCELERATE_ARGS = ["--main_process_port", str(_free_port())]
+    run = services.training_run_create(
+        recipe="reward",
+        config={
+            **reward_config(
+                tiny_reward_dir,
+                max_steps=STEPS,
+                save_steps=SAVE_EVERY,
+                logging_steps=5,
+                per_device_train_batch_size=4,
+            ),
+            "accelerate_config": "cpu_gloo",
+        },
+        dataset_path=reward_snapshot,
+        enqueue=False,
+    )
+    killer = RankKiller(str(services.training_output_root() / f"run-{run.pk}"), again=True)
+    killer.start()
+
+    # when the restarted run loses rank 1 again before it saves a newer checkpoint
+    done = supervisor.training_run_execute(run_id=run.pk)
+    killer.join(timeout=5)
+    assert killer.error is None, killer.error
+    assert killer.killed["again_at_step"] == done.resumes[0]["step"]
+
+    # then the run fails, naming the signal, after exactly one restart
+    log = Path(done.output_dir, "train.log").read_text()
+    assert done.status == TrainingRun.Status.FAILED, log[-3000:]
+    assert "SIGKILL" in done.error
+    assert done.attempts == 2 and len(done.resumes) == 1
+    assert log.count("restarting the whole run") == 1
+    assert not ModelVersion.objects.filter(training_run=done).exists()
