@@ -24,10 +24,16 @@ ENTER_AND_READ = """() => {
 }"""
 
 
+HOLDS_AHEAD = "() => Boolean(document.getElementById('task').dataset.ahead)"
+
+
 def _held_ahead(user, page=None, timeout=10.0) -> Assignment:
-    """Wait until an item is held ahead for `user` (and the page has its answer)."""
+    """Wait until an item is held ahead for `user` (and the page holds it)."""
     if page is not None:
-        page.wait_for_load_state("networkidle")
+        page.wait_for_function(HOLDS_AHEAD)
+        held = Assignment.objects.get(pk=page.get_attribute("#task", "data-ahead"))
+        assert held.ahead and held.annotator_id == user.pk
+        return held
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         held = Assignment.objects.filter(
@@ -186,4 +192,40 @@ def test_without_prefetch_the_next_item_comes_with_the_submit(make_page, live_se
         f"{page.url.split('/projects/')[0]}/api/assignments/{first}/submit/"
     ]
     assert not Assignment.objects.filter(ahead=True).exists()
+    recorder.assert_clean()
+
+
+def test_skip_during_the_hold_sends_the_previous_answer_first(make_page, live_server):
+    project = make_project(name="Prefetch skip", overlap=1)
+    user = make_user("ann-skip")
+    add_member(project, user)
+    make_items(project, 4)
+    recorder = _open(make_page, live_server, project, user)
+    page = recorder.page
+    first = page.get_attribute("#item", "data-assignment")
+    held = _held_ahead(user, page)
+    page.keyboard.press("2")
+    page.evaluate(ENTER_AND_READ)
+
+    # When the annotator asks to skip the new item while the previous answer is held
+    page.keyboard.press("k")
+
+    # Then no dialog opens yet: the previous answer goes at once and is stored
+    assert not page.is_visible("#skip-dialog")
+    assert "previous answer first" in page.inner_text("#save-status")
+    deadline = time.monotonic() + 4  # well inside the 5-second hold
+    while not Judgment.objects.filter(assignment_id=first).exists():
+        assert time.monotonic() < deadline, "the previous answer was not sent at once"
+        time.sleep(0.05)
+
+    # and a second K opens the dialog for the item on screen, which is skipped
+    page.wait_for_function(HOLDS_AHEAD)
+    page.keyboard.press("k")
+    page.wait_for_selector("#skip-dialog[open]")
+    page.locator("#skip-dialog input[name='reason']").first.check()
+    page.locator("#skip-dialog button[type='submit']").click()
+    page.wait_for_function(
+        "(old) => document.getElementById('item').dataset.assignment !== old", arg=str(held.pk)
+    )
+    assert Assignment.objects.get(pk=held.pk).status == Assignment.Status.SKIPPED
     recorder.assert_clean()

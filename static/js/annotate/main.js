@@ -83,11 +83,13 @@ function holdAhead(id, fragment) {
     heartbeatUrl: el.dataset.heartbeatUrl,
     releaseUrl: el.dataset.releaseUrl,
   };
+  // Said on the page too (tests and benchmarks wait for it).
+  task().dataset.ahead = ahead.id;
   const mine = ahead;
   beatAlso(ahead.heartbeatUrl, () => {
     // Its lease ran out: forget it and hold another.
     if (ahead === mine) {
-      ahead = null;
+      dropAhead();
       requestAhead();
     }
   });
@@ -96,6 +98,8 @@ function holdAhead(id, fragment) {
 function dropAhead() {
   ahead = null;
   beatAlso(null);
+  const el = task();
+  if (el) el.dataset.ahead = "";
 }
 
 async function requestAhead() {
@@ -556,6 +560,12 @@ function onBeforeUnload(event) {
 function openSkip() {
   const dialog = byId("skip-dialog");
   if (!dialog || !item || item.phase !== "editing") return;
+  if (held) {
+    // The server serves the previous item until its answer is in: send it first.
+    if (heldInGrace()) sendNow(held);
+    setStatus("Sending the previous answer first; skip again in a moment.", "info", 4000);
+    return;
+  }
   dialog.showModal();
   const first = dialog.querySelector('input[name="reason"]:checked') || dialog.querySelector("input");
   if (first) first.focus();
