@@ -38,7 +38,7 @@ pytestmark = [
 REDIS_DB = int(os.environ.get("PREFLOOP_CELERY_TEST_REDIS_DB", "11"))
 BROKER_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
 VISIBILITY_TIMEOUT = 10
-STEPS = 100
+STEPS = 60
 
 
 class Workers:
@@ -88,7 +88,7 @@ def test_a_run_of_a_killed_gpu_worker_is_finished_by_the_other_once(
 ):
     workers = Workers(tmp_path)
     try:
-        # given a reward run (100 steps, a checkpoint every 10) taken by one of two gpu workers
+        # given a reward run (60 steps, a checkpoint every 10) taken by one of two gpu workers
         run = services.training_run_create(
             recipe="reward",
             config=reward_config(tiny_reward_dir, max_steps=STEPS, save_steps=10),
@@ -150,10 +150,10 @@ def test_a_run_of_a_killed_gpu_worker_is_finished_by_the_other_once(
 def test_a_generation_job_of_a_killed_gpu_worker_makes_each_candidate_once(tmp_path):
     from training import demo
 
-    # given a project with a pool of 120 prompts and a tiny policy
+    # given a project with a pool of 64 prompts and a tiny policy
     project = make_project(name="gpu worker killed", k=2)
-    texts = [p.prompt for p in demo.problems_in("train")][:120]
-    assert len(texts) == 120
+    texts = [p.prompt for p in demo.problems_in("train")][:64]
+    assert len(texts) == 64
     pool(project, texts=texts, chat=[])
     policy = make_tiny_demo_policy(tmp_path / "policy", name="tiny-gen", n_positions=96)
     policy.project = project
@@ -162,7 +162,7 @@ def test_a_generation_job_of_a_killed_gpu_worker_makes_each_candidate_once(tmp_p
         project=project,
         user=None,
         policies=[policy.pk],
-        n_prompts=120,
+        n_prompts=64,
         sampling=[{"temperature": 1.0, "max_new_tokens": 48, "batch_size": 8}] * 2,
         seed=5,
         source_key="killed",
