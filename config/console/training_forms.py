@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from django import forms
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from annotation.models import DatasetVersion, Project
 from training import config_policy
 from training.models import ModelVersion, Recipe, TrainingRun
+from training.selectors import model_version_list_for_project
 
 TRI_STATE = [("", "Default"), ("yes", "Yes"), ("no", "No")]
 TRI_VALUE = {"yes": True, "no": False}
@@ -31,8 +32,11 @@ TRI_VALUE = {"yes": True, "no": False}
 RUNNER_FIELDS = frozenset({"resume"})
 # A path a request may not give -> the id field the form offers (and the config sends) instead.
 MODEL_CHOICE_FIELDS = dict(config_policy.MODEL_ID_FIELDS)
+MODEL_LIST_CHOICE_FIELDS = dict(config_policy.MODEL_ID_LIST_FIELDS)
 RUN_CHOICE_FIELDS = dict(config_policy.RUN_ID_FIELDS)
-REWARD_MODEL_FIELDS = frozenset({"reward_model_id", "value_model_id"})
+REWARD_MODEL_FIELDS = frozenset(
+    {"reward_model_id", "value_model_id", "judge_reward_model_id", "reward_model_ids"}
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ class ConfigField:
     """One settable field of a recipe config: its name, type, default and help."""
 
     name: str
-    kind: str  # bool, int, float, str, list_str, list_int, json, reward_function, model, run
+    # bool, int, float, str, list_str, list_int, json, reward_function, model, models, run
+    kind: str
     optional: bool
     default: Any
     help: str
@@ -98,6 +103,8 @@ def recipe_fields(recipe: str) -> list[ConfigField]:
         help_text = item.metadata.get("help", "")
         if name in MODEL_CHOICE_FIELDS:
             name, kind = MODEL_CHOICE_FIELDS[name], "model"
+        elif name in MODEL_LIST_CHOICE_FIELDS:
+            name, kind = MODEL_LIST_CHOICE_FIELDS[name], "models"
         elif name in RUN_CHOICE_FIELDS:
             name, kind = RUN_CHOICE_FIELDS[name], "run"
         elif name == "reward_function":
@@ -112,10 +119,10 @@ def recipe_fields(recipe: str) -> list[ConfigField]:
 
 
 def project_model_versions(*, project: Project) -> QuerySet[ModelVersion]:
-    """Return the registered models that belong to the project (made by its runs or data)."""
-    return ModelVersion.objects.filter(
-        Q(training_run__project=project) | Q(dataset_version__project=project)
-    ).order_by("-created_at", "-pk")
+    """Return the project's usable registered models (its runs', its data's, its own)."""
+    return model_version_list_for_project(project_id=project.pk).filter(
+        status=ModelVersion.Status.READY
+    )
 
 
 def project_dataset_versions(*, project: Project) -> QuerySet[DatasetVersion]:
@@ -175,6 +182,11 @@ class TrainingRunForm(forms.Form):
             return forms.IntegerField(**common)
         if spec.kind == "float":
             return forms.FloatField(**common)
+        if spec.kind == "models":
+            wanted = [v for v in models if v.kind == ModelVersion.Kind.REWARD]
+            return forms.TypedMultipleChoiceField(
+                coerce=int, choices=[(v.pk, v.name) for v in wanted], **common
+            )
         if spec.kind == "model":
             wanted = [
                 v
@@ -200,7 +212,7 @@ class TrainingRunForm(forms.Form):
         cleaned = super().clean()
         for spec in self.config_fields:
             raw = cleaned.get(spec.name)
-            if raw in (None, ""):
+            if raw in (None, "", []) or spec.kind == "models":
                 continue
             try:
                 cleaned[spec.name] = _parse(spec, raw)
@@ -213,7 +225,7 @@ class TrainingRunForm(forms.Form):
         config = {}
         for spec in self.config_fields:
             value = self.cleaned_data.get(spec.name)
-            if value in (None, ""):
+            if value in (None, "", []):
                 continue
             config[spec.name] = value
         base = self.cleaned_data["base_model_id"]

@@ -83,6 +83,7 @@ def test_each_recipe_form_offers_exactly_what_a_non_staff_user_may_set(client, w
     # paths come back as ids of this project's models and runs
     for path_field, id_field in {
         **config_policy.MODEL_ID_FIELDS,
+        **config_policy.MODEL_ID_LIST_FIELDS,
         **config_policy.RUN_ID_FIELDS,
     }.items():
         assert (id_field in names) == (path_field in fields)
@@ -98,6 +99,11 @@ def test_each_recipe_form_offers_exactly_what_a_non_staff_user_may_set(client, w
         "dataset_version_id",
         "base_model_id",
         *(config_policy.MODEL_ID_FIELDS[f] for f in fields if f in config_policy.MODEL_ID_FIELDS),
+        *(
+            config_policy.MODEL_ID_LIST_FIELDS[f]
+            for f in fields
+            if f in config_policy.MODEL_ID_LIST_FIELDS
+        ),
         *(config_policy.RUN_ID_FIELDS[f] for f in fields if f in config_policy.RUN_ID_FIELDS),
     }
     for item in fields.values():
@@ -135,6 +141,45 @@ def test_a_bad_value_is_refused_naming_the_field_and_nothing_is_created(
     assert response.status_code == 400
     html = response.content.decode()
     assert f'data-field="{named}"' in html, html[html.find("field-error") - 200 :][:800]
+    assert TrainingRun.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_ppo_ensemble_and_judge_are_picked_among_the_projects_reward_models(client, world):
+    project, researcher, _annotator, dataset, reward_model = world
+    policy = ModelVersion.objects.create(
+        name="tiny-policy", artifact_path=reward_model.artifact_path, dataset_version=dataset
+    )
+    pending = ModelVersion.objects.create(
+        name="pending-rm",
+        kind="reward",
+        artifact_path="/tmp",
+        dataset_version=dataset,
+        status=ModelVersion.Status.PENDING,
+    )
+    client.force_login(researcher)
+    html = client.get(_new_url(project, "ppo")).content.decode()
+    ensemble = html[html.index('name="reward_model_ids"') :]
+    ensemble = ensemble[: ensemble.index("</select>")]
+    judge = html[html.index('name="judge_reward_model_id"') :]
+    judge = judge[: judge.index("</select>")]
+    for select in (ensemble, judge):
+        assert f'value="{reward_model.pk}"' in select
+        assert f'value="{policy.pk}"' not in select  # a policy is no reward model
+        assert f'value="{pending.pk}"' not in select  # not usable until validated
+
+    # picking a policy is refused by the form, naming the field
+    response = _post(
+        client,
+        project,
+        policy,
+        dataset,
+        "ppo",
+        reward_function="demo",
+        reward_model_ids=[policy.pk],
+    )
+    assert response.status_code == 400
+    assert 'data-field="reward_model_ids"' in response.content.decode()
     assert TrainingRun.objects.count() == 0
 
 
