@@ -1,7 +1,8 @@
 """Enter -> next item visible on the annotator page, with prefetch on and off in the same run.
 
 A script, not a test. It makes its own database (`--db`), a pairwise project with enough
-items, one annotator, starts the app under `manage.py runserver` (local settings, threaded)
+items, one annotator (quality control off: the script answers fast and always on the left),
+starts the app under `manage.py runserver` (local settings, threaded)
 and drives the annotator page in headless Chromium with the keyboard, alternating the two
 modes item block by item block so a change in machine load hits both alike:
 
@@ -86,6 +87,7 @@ def _prepare(n_items: int) -> int:
 
     from annotation.imports import items_import
     from annotation.models import Membership, Project
+    from evaluation.models import QualityPolicy
 
     call_command("migrate", verbosity=0)
     project = Project.objects.create(name="frame", overlap=1, lease_seconds=600)
@@ -109,6 +111,8 @@ def _prepare(n_items: int) -> int:
     items_import(project=project, stream=io.StringIO("\n".join(lines)))
     user = get_user_model().objects.create_user("frame", password="pw")
     Membership.objects.create(project=project, user=user, role=Membership.Role.ANNOTATOR)
+    # The script answers fast and always on the left: quality control would pause it.
+    QualityPolicy.objects.update_or_create(project=project, defaults={"enabled": False})
     return project.pk
 
 
@@ -145,7 +149,16 @@ def _block(page, *, prefetch: bool, n: int) -> None:
         if not prefetch:
             page.wait_for_selector("#undo-btn:not([hidden])")
             page.keyboard.press("Enter")
-        page.wait_for_function(f"() => window.__frame.shown.length > {count}", timeout=20_000)
+        try:
+            page.wait_for_function(f"() => window.__frame.shown.length > {count}", timeout=20_000)
+        except Exception:
+            state = page.evaluate(
+                "() => [document.getElementById('item')?.dataset.assignment,"
+                " document.getElementById('task').dataset.ahead,"
+                " document.getElementById('save-status').textContent, location.search,"
+                " window.__frame, document.getElementById('task').innerText.slice(0, 300)]"
+            )
+            raise RuntimeError(f"no next item (prefetch {prefetch}): {state}") from None
 
 
 def main() -> None:
