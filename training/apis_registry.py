@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from annotation import access
 from annotation.apis_imports import UploadField
 from annotation.models import Project
-from training import registry
+from training import registry, registry_uploads
 from training.apis import ModelVersionOutput, ResearcherApi
 
 PROMPT_FORMAT_CHOICES = list(registry.PROMPT_FORMATS.items())
@@ -99,11 +99,13 @@ class ModelUploadApi(ResearcherApi):
     def post(self, request, project_id: int):
         # The project in the URL first: nothing about the body is said to outsiders.
         project = access.project_for(user=request.user, project_id=project_id, role=access.MANAGER)
-        registry.upload_declared_size_check(content_length=request.META.get("CONTENT_LENGTH"))
+        registry_uploads.upload_declared_size_check(
+            content_length=request.META.get("CONTENT_LENGTH")
+        )
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        version = registry.model_version_upload(
+        version = registry_uploads.model_version_upload(
             project=project,
             name=data["name"],
             kind=data["kind"],

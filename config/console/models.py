@@ -22,7 +22,7 @@ from annotation.errors import ServiceError
 from annotation.models import Project
 from config.console.access import console_project
 from config.console.context import console_context
-from training import config_policy, registry, selectors
+from training import config_policy, registry, registry_uploads, selectors
 from training.models import ModelVersion
 
 POLL_SECONDS = 3
@@ -185,7 +185,9 @@ def models_upload(request: HttpRequest, project_id: int) -> HttpResponse:
     """Unpack an uploaded archive into the project's folder and queue its validation."""
     project = _project(request, project_id)
     try:  # before the body is read
-        registry.upload_declared_size_check(content_length=request.META.get("CONTENT_LENGTH"))
+        registry_uploads.upload_declared_size_check(
+            content_length=request.META.get("CONTENT_LENGTH")
+        )
     except ServiceError as exc:
         messages.error(request, exc.message)
         return _page(request, project, status=exc.status)
@@ -194,7 +196,7 @@ def models_upload(request: HttpRequest, project_id: int) -> HttpResponse:
     if form.is_valid():
         data = form.cleaned_data
         try:
-            version = registry.model_version_upload(
+            version = registry_uploads.model_version_upload(
                 project=project,
                 name=data["name"],
                 kind=data["kind"],
