@@ -154,7 +154,7 @@ def _labels_in(round_: Round, sources: list[str]) -> int:
 def loop_ready(*, project: Project, settings: LoopSettings) -> Round | None:
     """Return the open round an iteration can learn from now, or None."""
     round_ = _training_rounds(project).first()
-    if round_ is None or round_.model_version_id is None:
+    if round_ is None:
         return None
     labels = _labels_in(round_, settings.sources)
     if settings.min_new_judgments:
@@ -292,10 +292,27 @@ def loop_advance(
     if not force and loop_ready(project=project, settings=settings) is None:
         state.add("wait", "waiting", f"round {round_.number} needs more labels")
         return state
-    if round_.model_version_id is None:
-        state.add("start", "skipped", f"round {round_.number} has no policy version")
+    from training.loop.gate import policy_current
+
+    # A round imported without a policy learns into the project's current policy (its last
+    # promoted one), so a project whose rounds came from elsewhere can start the loop.
+    parent = round_.model_version or policy_current(project=project)
+    if parent is None:
+        state.add(
+            "start",
+            "skipped",
+            f"round {round_.number} has no policy version: register the policy to train and "
+            "promote it (or generate a round from it) so the loop knows what to train",
+        )
         return state
-    parent = round_.model_version
+    if parent.kind == ModelVersion.Kind.ENDPOINT:
+        state.add(
+            "train",
+            "failed",
+            f"{parent.name} is a policy behind an endpoint: it has no weights here to train. "
+            "Register its weights as a folder (or upload them) and promote that version.",
+        )
+        return state
 
     dataset, status = _dataset(round_, settings, key)
     if status == "failed":
