@@ -21,6 +21,7 @@ from annotation.errors import ServiceError
 from training import selectors
 from training.apis import ModelVersionOutput, ResearcherApi
 from training.loop import control
+from training.loop.timeline import loop_timeline
 
 
 class LoopOutput(serializers.Serializer):
@@ -87,7 +88,7 @@ def _project(request, project_id: int):
 
 
 def _timeline_data(project) -> dict:
-    timeline = control.loop_timeline(project=project)
+    timeline = loop_timeline(project=project)
     return {**asdict(timeline), "active": timeline.active}
 
 

@@ -26,6 +26,7 @@ from config.console.access import console_project
 from config.console.context import console_context
 from training.loop import HARD_MINING_MODES, control
 from training.loop.settings import LoopSettings
+from training.loop.timeline import loop_timeline
 
 POLL_SECONDS = 3
 CHOICES = {
@@ -101,7 +102,7 @@ def _project(request: HttpRequest, project_id: int) -> Project:
 
 
 def _page_context(request: HttpRequest, project: Project, **extra) -> dict:
-    timeline = control.loop_timeline(project=project)
+    timeline = loop_timeline(project=project)
     return console_context(
         request=request,
         project=project,
@@ -113,7 +114,7 @@ def _page_context(request: HttpRequest, project: Project, **extra) -> dict:
 
 
 def _form(project: Project, data=None) -> LoopSettingsForm:
-    timeline = control.loop_timeline(project=project)
+    timeline = loop_timeline(project=project)
     if timeline.has_loop:
         initial = timeline.settings
     else:

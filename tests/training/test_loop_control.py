@@ -20,6 +20,7 @@ from annotation.models import DatasetVersion, Judgment, Membership, Prompt, Roun
 from tests.factories import add_member, make_items, make_project, make_tiny_demo_policy, make_user
 from training import loop
 from training.loop import control
+from training.loop.timeline import loop_timeline
 from training.models import Loop, LoopEvent, ModelVersion, TrainingRun
 
 pytestmark = pytest.mark.django_db
@@ -175,7 +176,7 @@ def test_a_tick_that_raises_is_recorded_on_the_loop_and_re_raised(tmp_path):
     assert event.key == f"loop-{project.pk}-r2"
     assert str(tmp_path) not in event.detail  # server paths are not shown
     # and the timeline shows it
-    timeline = control.loop_timeline(project=project)
+    timeline = loop_timeline(project=project)
     assert timeline.last_tick_status == "failed"
     assert timeline.events[0].step == "tick"
 
@@ -218,7 +219,7 @@ def test_each_step_of_a_tick_is_an_event_with_its_duration_and_its_rows(tmp_path
 
     # and the timeline reads round -> dataset -> run, with the run's progress
     TrainingRun.objects.filter(pk=run.pk).update(status="running", progress=0.25)
-    iteration = control.loop_timeline(project=project).iterations[0]
+    iteration = loop_timeline(project=project).iterations[0]
     kinds = [step.kind for step in iteration.steps]
     assert kinds[:3] == ["round", "export", "train"]
     round_step, export_step, train_step = iteration.steps[:3]
@@ -319,7 +320,7 @@ def test_the_timeline_shows_a_failed_evaluation_from_its_recorded_step(tmp_path)
     state.add("evaluate", "failed", f"no such folder {tmp_path}/gone")
 
     # When the timeline is read
-    steps = {s.kind: s for s in control.loop_timeline(project=project).iterations[0].steps}
+    steps = {s.kind: s for s in loop_timeline(project=project).iterations[0].steps}
 
     # Then the evaluation step is failed, with the recorded error (no server path) and duration
     assert steps["evaluate"].status == "failed"

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from annotation.errors import ServiceError
 from annotation.models import Project
 from training.loop import control
+from training.loop.timeline import loop_timeline
 
 ACTIONS = ("step", "status", "settings", "pause", "resume", "promote", "reject")
 
@@ -91,7 +92,7 @@ class Command(BaseCommand):
             raise CommandError("A step failed; fix it and run again to retry that step alone.")
 
     def _status(self, project, opts) -> None:
-        timeline = control.loop_timeline(project=project)
+        timeline = loop_timeline(project=project)
         if not timeline.has_loop:
             self.stdout.write("No loop yet: save its settings with --set '{\"path\": ...}'.")
         else:
