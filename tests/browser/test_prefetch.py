@@ -228,4 +228,12 @@ def test_skip_during_the_hold_sends_the_previous_answer_first(make_page, live_se
         "(old) => document.getElementById('item').dataset.assignment !== old", arg=str(held.pk)
     )
     assert Assignment.objects.get(pk=held.pk).status == Assignment.Status.SKIPPED
+    # The item held ahead became the current one; the page holds another, not the one shown
+    shown = page.get_attribute("#item", "data-assignment")
+    page.wait_for_function(
+        "(shown) => { const a = document.getElementById('task').dataset.ahead;"
+        " return Boolean(a) && a !== shown; }",
+        arg=shown,
+    )
+    assert Assignment.objects.get(pk=page.get_attribute("#task", "data-ahead")).ahead
     recorder.assert_clean()

@@ -647,6 +647,9 @@ function setupItem() {
   };
   if (item.kind === "ranking") setupRanking(item);
   setLocked(false);
+  // The server serves the held item as the current one once the one before is gone (a
+  // skip, a reload): it is on screen now, no longer ahead.
+  if (ahead && ahead.id === id) dropAhead();
   requestAhead();
   const current = item;
   startHeartbeat(current, {
