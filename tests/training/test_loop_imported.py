@@ -109,5 +109,5 @@ def test_an_endpoint_policy_is_refused_as_the_one_to_train(settings):
     state = loop_advance(project=project, settings=_settings(), sync=True)
 
     assert [(s.name, s.status) for s in state.steps][-1] == ("train", "failed")
-    assert "no weights here to train" in state.steps[-1].detail
+    assert "behind an endpoint, with no weights here to train" in state.steps[-1].detail
     assert not ModelVersion.objects.filter(training_run__project=project).exists()

@@ -297,21 +297,14 @@ def loop_advance(
     # A round imported without a policy learns into the project's current policy (its last
     # promoted one), so a project whose rounds came from elsewhere can start the loop.
     parent = round_.model_version or policy_current(project=project)
-    if parent is None:
-        state.add(
-            "start",
-            "skipped",
-            f"round {round_.number} has no policy version: register the policy to train and "
-            "promote it (or generate a round from it) so the loop knows what to train",
+    if parent is None or parent.kind == ModelVersion.Kind.ENDPOINT:
+        why = (
+            f"round {round_.number} has no policy version"
+            if parent is None
+            else f"{parent.name} is a policy behind an endpoint, with no weights here to train"
         )
-        return state
-    if parent.kind == ModelVersion.Kind.ENDPOINT:
-        state.add(
-            "train",
-            "failed",
-            f"{parent.name} is a policy behind an endpoint: it has no weights here to train. "
-            "Register its weights as a folder (or upload them) and promote that version.",
-        )
+        step = ("start", "skipped") if parent is None else ("train", "failed")
+        state.add(*step, f"{why}: register the policy to train and promote it")
         return state
 
     dataset, status = _dataset(round_, settings, key)
