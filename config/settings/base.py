@@ -174,9 +174,7 @@ IMPORT_ASYNC_BYTES = env.int("PREFLOOP_IMPORT_ASYNC_BYTES", default=8 * 2**20)
 # most its files may hold once unpacked, in bytes; past either it is refused with a 413 and
 # nothing is kept.
 PREFLOOP_MODEL_UPLOAD_MAX_BYTES = env.int("PREFLOOP_MODEL_UPLOAD_MAX_BYTES", default=4 * 2**30)
-PREFLOOP_MODEL_UNPACKED_MAX_BYTES = env.int(
-    "PREFLOOP_MODEL_UNPACKED_MAX_BYTES", default=8 * 2**30
-)
+PREFLOOP_MODEL_UNPACKED_MAX_BYTES = env.int("PREFLOOP_MODEL_UNPACKED_MAX_BYTES", default=8 * 2**30)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

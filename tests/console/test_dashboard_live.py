@@ -248,4 +248,3 @@ def test_a_running_run_shows_the_alarms_its_supervisor_stored(tmp_path):
     curves, alarms = training_tab.curves_panel(run)
     assert alarms.rows == [[7, "kl_limit", "KL 9 above 6", "stopped"]]
     assert [(a.step, a.kind) for a in curves.chart.alarms] == [(7, "kl_limit")]
-
