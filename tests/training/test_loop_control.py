@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -170,6 +171,9 @@ def test_a_tick_that_raises_is_recorded_on_the_loop_and_re_raised(tmp_path):
     assert found.last_tick_status == "failed"
     assert type(raised.value).__name__ in found.last_error
     assert "Traceback" in found.last_error
+    # researchers read it: no server path, neither the policy's folder nor our source files
+    assert str(tmp_path) not in found.last_error and "<server path>" in found.last_error
+    assert str(Path(control.__file__).parent) not in found.last_error
     assert found.last_tick_at is not None
     event = LoopEvent.objects.get(loop=found, step="tick")
     assert event.status == "failed"

@@ -347,11 +347,13 @@ def _current_key(project: Project) -> str:
 
 
 def _outcome_store(found: Loop, status: str, steps: list[Step], *, error: str) -> None:
+    """Store a tick's outcome; researchers read it, so no server path is left in it."""
+    redact = config_policy.paths_redact
     Loop.objects.filter(pk=found.pk).update(
         last_tick_at=timezone.now(),
         last_tick_status=status,
-        last_error=error,
-        last_steps=[dataclasses.asdict(step) for step in steps],
+        last_error=redact(error)[-20_000:],
+        last_steps=[{**dataclasses.asdict(step), "detail": redact(step.detail)} for step in steps],
     )
 
 

@@ -26,6 +26,7 @@ from django.db import transaction
 
 from annotation import services as annotation_services
 from annotation.models import Judgment, Project, Round
+from training import config_policy
 from training.loop.settings import DPO_DEFAULTS, PPO_DEFAULTS, REWARD_DEFAULTS, LoopSettings
 from training.models import ModelVersion, TrainingRun
 from training.rounds import generate_round_now
@@ -127,7 +128,7 @@ def _event_record(
         key=state.key,
         step=step.name,
         status=step.status,
-        detail=step.detail,
+        detail=config_policy.paths_redact(step.detail),  # researchers read it
         round=round_,
         training_run=run,
         model_version=model_version,
