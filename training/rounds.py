@@ -33,7 +33,7 @@ from django.utils import timezone
 from annotation import services as annotation_services
 from annotation.errors import NotFound, ServiceError
 from annotation.imports import ImportFailed, items_import, normalise
-from annotation.models import Project, Prompt, Round
+from annotation.models import Candidate, Project, Prompt, Round
 from annotation.prompt_pool import PromptPayload, prompt_payload, prompt_pool_draw
 from training.generation import GenerationError, GenerationSettings
 from training.generation.endpoints import candidates_generate
@@ -92,10 +92,14 @@ def _rows_of_distinct_answers(
     return rows
 
 
-def _import_rows(*, project: Project, round_: Round, rows: list[dict]) -> list[dict]:
+def _import_rows(
+    *, project: Project, round_: Round, rows: list[dict], policies: list[ModelVersion]
+) -> list[dict]:
     """Import rows into the round (inside the caller's transaction); return those imported.
 
-    Prompts the importer refuses (e.g. a pair of answers already asked) are left out.
+    Prompts the importer refuses (e.g. a pair of answers already asked) are left out. The
+    round's candidates are linked to the registered policies that wrote them, resolved here
+    by the names the generation backend recorded, never from the rows.
     """
     while rows:
         try:
@@ -104,6 +108,7 @@ def _import_rows(*, project: Project, round_: Round, rows: list[dict]) -> list[d
                 stream=io.StringIO("\n".join(json.dumps(r) for r in rows)),
                 round_=round_,
             )
+            _candidates_link(round_=round_, policies=policies)
             return rows
         except ImportFailed as exc:
             bad = {line for line, _ in exc.errors if line > 0}
@@ -118,6 +123,14 @@ def _import_rows(*, project: Project, round_: Round, rows: list[dict]) -> list[d
             )
             rows = [row for i, row in enumerate(rows, start=1) if i not in bad]
     return rows
+
+
+def _candidates_link(*, round_: Round, policies: list[ModelVersion]) -> None:
+    """Set `Candidate.policy_version` of the round's candidates each policy generated."""
+    for policy in policies:
+        Candidate.objects.filter(
+            slots__item__round=round_, model_name=policy.name, policy_version__isnull=True
+        ).update(policy_version=policy)
 
 
 # --------------------------------------------------------------------------- the loop's round
@@ -161,7 +174,12 @@ def round_generate(
         Round.objects.select_for_update().filter(pk=round_.pk).first()
         if round_.items.exists():
             return round_
-        rows = _import_rows(project=project, round_=round_, rows=rows)
+        rows = _import_rows(
+            project=project,
+            round_=round_,
+            rows=rows,
+            policies=[model_version] + ([mix_with] if mix_with is not None else []),
+        )
     logger.info(
         "round %s: %d of %d prompts had %d distinct answers",
         round_.number,
@@ -489,7 +507,9 @@ def _generate(job: GenerationJob) -> GenerationJob:
         if round_.purpose != request.purpose:
             round_.purpose = request.purpose
             round_.save(update_fields=["purpose"])
-        rows = _import_rows(project=project, round_=round_, rows=rows)
+        rows = _import_rows(
+            project=project, round_=round_, rows=rows, policies=list(versions.values())
+        )
         if not rows:
             raise ImportFailed([(0, "the importer refused every generated prompt")], 1)
         job.round = round_

@@ -153,6 +153,7 @@ def test_the_loop_builds_a_round_from_an_endpoint_policy(endpoints):
     assert items.exists()
     for cand in Candidate.objects.filter(slots__item__in=items):
         assert cand.model_name == "served-round"
+        assert cand.policy_version_id == version.pk
         assert cand.generation_config["request"]["body"]["model"] == endpoints
         assert "not-a-real-key" not in json.dumps(cand.generation_config)
 

@@ -270,6 +270,8 @@ def test_side_by_side_puts_one_answer_of_each_policy_in_every_item(tiny_policy_d
     for item in items:
         cands = candidates_by_position(item)
         assert [c.model_name for c in cands] == ["policy-new", "policy-base"]
+        # each answer is linked to the registered version that wrote it
+        assert [c.policy_version_id for c in cands] == [new.pk, base.pk]
         assert cands[0].text != cands[1].text
     # the items importer draws each annotator's display order: model names never reach them
     assert job.round.model_version_id == new.pk
