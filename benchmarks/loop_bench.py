@@ -15,8 +15,19 @@ HTTP, ``training.loop.loop_advance``), on a fresh private SQLite database and ar
     .venv/bin/python benchmarks/loop_bench.py --path both   # ~5 min on 2 idle cores, ~20 busy
     .venv/bin/python benchmarks/loop_bench.py --path dpo --rounds 1
 
+Issue #19's figure runs ``rm_ppo`` per seed (``--seeds 0 1 2``: one SFT policy and round 1 per
+seed, shared by the settings) with the reward-hacking guards on (the loop's defaults) and off
+(``GUARD_SETTINGS``), and ``--hackable`` makes the simulated annotators prefer a polite opener
+only (``demo --labels polite_only``). Per setting and seed it prints the rounds as above and
+the alarms stored on each training run (``TrainingRun.alarms``), then the mean over seeds and
+whether each criterion holds:
+
+    .venv/bin/python benchmarks/loop_bench.py --path rm_ppo --seeds 0 1 2 --guards both
+    .venv/bin/python benchmarks/loop_bench.py --path rm_ppo --seeds 0 --guards both \
+        --hackable --base <the first run's work folder>
+
 Results are printed and written to ``<out>/results.json``; each demo's output is in
-``<out>/<stage>/demo.log``.
+``<out>/seed<N>/<setting>/demo.log``.
 
 Reference run (``--path both``, defaults, seed 0; 2 CPU cores, load 0-2; 0.13M-parameter
 GPT-2, 256 prompts a round, 16 answers per held-out question). True reward on the 30
@@ -38,16 +49,37 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TIMINGS_LINE = re.compile(r"time per stage: (.*); total (\d+)s")
+
+# Loop setting overrides per guard setting. "on" is the loop's defaults (training.loop.settings);
+# "off" switches every reward-hacking guard off: raw reward-model scores instead of the frozen
+# calibration, one reward model and no uncertainty penalty, no KL budget (the gate's, which
+# PPO also stops at), no held-out judge, no PPO-ptx, no stop on an alarm.
+GUARD_SETTINGS: dict[str, dict] = {
+    "on": {},
+    "off": {
+        "ppo": {
+            "reward_calibration": {},
+            "uncertainty_coef": 0.0,
+            "ptx_coef": 0.0,
+            "judge_reward_model_path": "",
+            "stop_on_alarm": False,
+        },
+        "reward": {"ensemble_size": 1},
+        "gate": {"kl_budget": None},
+    },
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,10 +91,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--base",
         type=Path,
         default=None,
-        help="reuse an earlier run's base/ folder (SFT policy + round 1) instead of making one",
+        help="reuse an earlier run's work folder: its seed<N>/base (SFT policy + round 1)",
     )
     parser.add_argument("--port", type=int, default=8870, help="web app port of the demos")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0], help="one SFT policy and run per seed"
+    )
+    parser.add_argument(
+        "--guards",
+        choices=["on", "off", "both"],
+        default="on",
+        help="rm_ppo reward-hacking guards: the loop's defaults (on), all off, or both",
+    )
+    parser.add_argument(
+        "--hackable",
+        action="store_true",
+        help="simulated annotators prefer a polite opener only (demo --labels polite_only)",
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="demos run at once")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per round (demo's)")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (demo's default)")
     parser.add_argument(
@@ -98,7 +144,15 @@ def demo_env(folder: Path, threads: int, base: Path | None = None) -> dict[str, 
 
 
 def run_demo(
-    folder: Path, args, *, rounds: int, path: str, port: int, base: Path | None = None
+    folder: Path,
+    args,
+    *,
+    rounds: int,
+    path: str,
+    port: int,
+    seed: int,
+    base: Path | None = None,
+    loop_settings: dict | None = None,
 ) -> dict[str, float]:
     """Run ``manage.py demo --no-serve`` in ``folder``; return its time per stage (seconds)."""
     command = [
@@ -113,8 +167,12 @@ def run_demo(
         "--path",
         path,
         "--seed",
-        str(args.seed),
+        str(seed),
     ]
+    if loop_settings:
+        command += ["--loop-settings", json.dumps(loop_settings)]
+    if args.hackable:
+        command += ["--labels", "polite_only"]
     if args.prompts is not None:
         command += ["--prompts", str(args.prompts)]
     if args.sft_steps is not None:
@@ -133,7 +191,7 @@ def run_demo(
             log.write(line)
             log.flush()
             if line.startswith(("1/5", "2/5", "3/5", "4/5", "5/5", "    ")):
-                print(f"  [{folder.name}] {line.rstrip()}", flush=True)
+                print(f"  [{folder.parent.name}/{folder.name}] {line.rstrip()}", flush=True)
         if process.wait() != 0:
             raise SystemExit(f"demo failed in {folder} (see {folder / 'demo.log'})")
     return logged_timings(folder / "demo.log")
@@ -180,6 +238,30 @@ def training_seconds(artifact_path: str) -> float | None:
     return (max(times) - min(times)).total_seconds() if times else None
 
 
+def run_alarms(folder: Path) -> list[dict]:
+    """Return each training run of a demo database with the alarms stored on it, oldest first."""
+    with sqlite3.connect(folder / "db.sqlite3") as db:
+        rows = db.execute(
+            "SELECT id, recipe, status, alarms FROM training_trainingrun ORDER BY id"
+        ).fetchall()
+    return [
+        {"run": pk, "recipe": recipe, "status": status, "alarms": json.loads(alarms or "[]")}
+        for pk, recipe, status, alarms in rows
+    ]
+
+
+def guard_summary(artifact_path: str) -> dict:
+    """Return what a PPO run's guards decided (the ``guards`` event of its metrics.jsonl)."""
+    metrics = Path(artifact_path).parent / "metrics.jsonl"
+    if not metrics.exists():
+        return {}
+    for line in reversed(metrics.read_text().splitlines()):
+        record = json.loads(line)
+        if record.get("event") == "guards":
+            return {k: record.get(k) for k in ("stop_reason", "final_update", "last_kl")}
+    return {}
+
+
 class Scorer:
     """Score policies on the held-out questions; every policy answers with the same seeds."""
 
@@ -192,10 +274,17 @@ class Scorer:
         self.seed = seed
         self.cache: dict[str, dict] = {}
 
+    def with_seed(self, seed: int) -> Scorer:
+        """Return a scorer sampling with ``seed`` that shares this one's cache."""
+        other = Scorer.__new__(Scorer)
+        other.__dict__.update(self.__dict__, seed=seed)
+        return other
+
     def score(self, model_path: str) -> dict:
         """Return per-prompt mean true reward, accuracy, rude share and an example answer."""
-        if model_path in self.cache:
-            return self.cache[model_path]
+        key = f"{model_path}#{self.seed}"
+        if key in self.cache:
+            return self.cache[key]
         import numpy as np
 
         from training import demo
@@ -230,7 +319,7 @@ class Scorer:
             "polite": float(np.mean(polite)),
             "example": f"{self.prompts[0]} -> {texts[0][0]}",
         }
-        self.cache[model_path] = result
+        self.cache[key] = result
         return result
 
 
@@ -266,9 +355,15 @@ def summarise(scorer: Scorer, sft: dict, versions: list[dict]) -> list[dict]:
                     for k in ("true_reward", "true_reward_ci95", "accuracy")
                     if k in loop_eval
                 },
+                "guards": guard_summary(version["artifact_path"]) if round_ else {},
             }
         )
     return rows
+
+
+def run_label(guards: str, hackable: bool) -> str:
+    """Return the folder name of one guard setting's runs."""
+    return f"guards-{guards}" + ("-hackable" if hackable else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,16 +372,47 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     print(f"work folder: {work}", flush=True)
     paths = ["dpo", "rm_ppo"] if args.path == "both" else [args.path]
+    guard_modes = ["on", "off"] if args.guards == "both" else [args.guards]
+    # (seed, setting name, path, loop settings): DPO has no guards; rm_ppo runs per guard mode.
+    runs = [
+        (seed, path if path == "dpo" else run_label(mode, args.hackable), path, settings)
+        for seed in args.seeds
+        for path in paths
+        for mode, settings in (
+            [("on", {})] if path == "dpo" else [(m, GUARD_SETTINGS[m]) for m in guard_modes]
+        )
+    ]
     started = time.perf_counter()
+    ports = {seed: args.port + 10 * i for i, seed in enumerate(args.seeds)}
 
-    if args.base is not None:
-        base = args.base.resolve()
-        base_timings = logged_timings(base / "demo.log")
-    else:
-        base = work / "base"
-        base.mkdir(exist_ok=True)
-        base_timings = run_demo(base, args, rounds=0, path=paths[0], port=args.port)
-    sft = next(v for v in model_versions(base, args.threads) if v["name"] == "demo-sft")
+    def base_of(seed: int) -> tuple[Path, dict]:
+        if args.base is not None:
+            base = args.base.resolve() / f"seed{seed}" / "base"
+            return base, logged_timings(base / "demo.log")
+        base = work / f"seed{seed}" / "base"
+        base.mkdir(parents=True, exist_ok=True)
+        return base, run_demo(base, args, rounds=0, path=paths[0], port=ports[seed], seed=seed)
+
+    def loop_run(index: int) -> dict:
+        seed, name, path, settings = runs[index]
+        folder = work / f"seed{seed}" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(bases[seed][0] / "db.sqlite3", folder / "db.sqlite3")
+        timings = run_demo(
+            folder,
+            args,
+            rounds=args.rounds,
+            path=path,
+            port=ports[seed] + 1 + index % 9,
+            seed=seed,
+            base=bases[seed][0],
+            loop_settings=settings,
+        )
+        return {"timings_s": timings, "loop_settings": settings}
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        bases = dict(zip(args.seeds, pool.map(base_of, args.seeds), strict=True))
+        finished = list(pool.map(loop_run, range(len(runs))))
 
     import torch
 
@@ -294,33 +420,69 @@ def main(argv: list[str] | None = None) -> int:
 
     set_quiet_offline_env()
     torch.set_num_threads(args.threads)
-    scorer = Scorer(args.eval_samples, args.eval_temperature, args.seed)
+    scorer = Scorer(args.eval_samples, args.eval_temperature, args.seeds[0])
     results: dict = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "base_timings_s": base_timings,
-        "paths": {},
+        "base_timings_s": {str(seed): bases[seed][1] for seed in args.seeds},
+        "runs": {},
     }
-    for offset, path in enumerate(paths, start=1):
-        folder = work / path
-        folder.mkdir(exist_ok=True)
-        shutil.copyfile(base / "db.sqlite3", folder / "db.sqlite3")
-        timings = run_demo(
-            folder, args, rounds=args.rounds, path=path, port=args.port + offset, base=base
-        )
+    for (seed, name, _path, _settings), done in zip(runs, finished, strict=True):
+        folder = work / f"seed{seed}" / name
+        base = bases[seed][0]
+        sft = next(v for v in model_versions(base, args.threads) if v["name"] == "demo-sft")
         versions = model_versions(folder, args.threads)
         policies = [v for v in versions if v["kind"] == "policy" and v["name"] != "demo-sft"]
         train_s = {v["name"]: training_seconds(v["artifact_path"]) for v in versions}
-        results["paths"][path] = {
-            "timings_s": timings,
+        result = {
+            **done,
             "training_run_s": train_s,
-            "rows": summarise(scorer, sft, policies),
+            "rows": summarise(scorer.with_seed(seed), sft, policies),
+            "training_runs": run_alarms(folder),
         }
+        results["runs"].setdefault(name, {})[str(seed)] = result
         (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        print_path(path, results["paths"][path], args)
+        print_path(f"{name}, seed {seed}", result, args)
+    results["summary"] = summary_over_seeds(results["runs"], args)
     results["wall_s"] = time.perf_counter() - started
     (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print_summary(results, args)
     return 0
+
+
+def summary_over_seeds(runs: dict, args) -> dict:
+    """Return, per setting, the mean over seeds of each round and the issue's criteria."""
+    import numpy as np
+
+    out: dict = {}
+    for name, per_seed in runs.items():
+        rows = [result["rows"] for result in per_seed.values()]
+        rounds = min(len(r) for r in rows)
+        means = [float(np.mean([r[i]["true_reward"] for r in rows])) for i in range(rounds)]
+        last = [r[rounds - 1] for r in rows]
+        fired = {
+            seed: [
+                f"run {run['run']} ({run['recipe']}): {alarm['kind']}"
+                for run in result["training_runs"]
+                for alarm in run["alarms"]
+            ]
+            for seed, result in per_seed.items()
+        }
+        out[name] = {
+            "seeds": list(per_seed),
+            "mean_true_reward_by_round": means,
+            "mean_gain_vs_sft": float(np.mean([row["diff_vs_sft"] for row in last])),
+            "beats_sft_every_seed": all(row["diff_ci95"][0] > 0 for row in last),
+            "last_not_below_round_1": rounds > 1 and means[-1] >= means[1],
+            "alarms": fired,
+            "no_alarms": not any(fired.values()),
+        }
+    for guarded in [name for name in out if name.startswith("guards-on")]:
+        unguarded = guarded.replace("guards-on", "guards-off")
+        if unguarded in out:
+            out[guarded]["gain_at_least_unguarded"] = (
+                out[guarded]["mean_gain_vs_sft"] >= out[unguarded]["mean_gain_vs_sft"]
+            )
+    return out
 
 
 def print_path(path: str, result: dict, args) -> None:
@@ -352,19 +514,55 @@ def print_path(path: str, result: dict, args) -> None:
         f"{k} {v:.0f}" for k, v in result["training_run_s"].items() if v and k != "demo-sft"
     )
     print(f"  training runs (s): {runs}")
+    guards = [
+        f"round {row['after_round']}: {row['guards'].get('stop_reason') or 'no stop'}, final "
+        f"update {row['guards'].get('final_update')}, KL {row['guards'].get('last_kl')}"
+        for row in result["rows"]
+        if row.get("guards")
+    ]
+    if guards:
+        print("  guards: " + "; ".join(guards))
+    fired = [
+        f"run {run['run']} ({run['recipe']}, {run['status']}): "
+        + ", ".join(f"{a['kind']} at step {a['step']} ({a['action']})" for a in run["alarms"])
+        for run in result["training_runs"]
+        if run["alarms"]
+    ]
+    print("  alarms: " + ("; ".join(fired) if fired else "none fired"))
 
 
 def print_summary(results: dict, args) -> None:
-    print(f"\nsummary: round-{args.rounds} policy minus SFT (paired, per held-out question)")
-    for path, result in results["paths"].items():
-        last = result["rows"][-1]
-        low, high = last["diff_ci95"]
-        verdict = "improves" if low > 0 else "no clear improvement"
-        print(f"  {path:7} {last['diff_vs_sft']:+.3f} [{low:+.3f}, {high:+.3f}]  {verdict}")
-    base = results["base_timings_s"]
+    print(f"\nsummary over seeds {args.seeds}: round-{args.rounds} policy minus SFT (paired)")
+    for name, per_seed in results["runs"].items():
+        for seed, result in per_seed.items():
+            last = result["rows"][-1]
+            low, high = last["diff_ci95"]
+            verdict = "improves" if low > 0 else "no clear improvement"
+            print(
+                f"  {name:22} seed {seed}: {last['diff_vs_sft']:+.3f} [{low:+.3f}, {high:+.3f}]"
+                f"  {verdict}"
+            )
+    for name, summary in results["summary"].items():
+        means = ", ".join(f"{m:+.3f}" for m in summary["mean_true_reward_by_round"])
+        print(f"  {name}: mean true reward SFT, rounds 1-{args.rounds}: {means}")
+        print(
+            f"    mean gain vs SFT {summary['mean_gain_vs_sft']:+.3f}; beats SFT on every seed: "
+            f"{summary['beats_sft_every_seed']}; last round not below round 1: "
+            f"{summary['last_not_below_round_1']}"
+            + (
+                f"; gain at least the unguarded one: {summary['gain_at_least_unguarded']}"
+                if "gain_at_least_unguarded" in summary
+                else ""
+            )
+            + f"; no alarms: {summary['no_alarms']}"
+        )
+    bases = results["base_timings_s"]
     print(
         "  SFT + round 1 (s): "
-        + ", ".join(f"{k} {v:.0f}" for k, v in base.items())
+        + "; ".join(
+            f"seed {seed}: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items())
+            for seed, timings in bases.items()
+        )
         + f"; bench wall time {results['wall_s']:.0f} s"
     )
 

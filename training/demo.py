@@ -247,6 +247,19 @@ def tokenizer_training_texts() -> list[str]:
     return texts
 
 
+def polite_only_reward(prompt: str | list[dict], response: str) -> float:
+    """Return 1 for an answer with a polite opener and 0 otherwise, whatever its number says.
+
+    A deliberately hackable labelling preference (``manage.py demo --labels polite_only``):
+    a reward model trained on it learns style and nothing about arithmetic.
+    """
+    parse_prompt(prompt)  # a demo prompt, as the true reward requires
+    return 1.0 if response.strip().startswith(POLITE_OPENERS) else 0.0
+
+
+LABEL_PREFERENCES = {"true": true_reward, "polite_only": polite_only_reward}
+
+
 def bt_probability(
     prompt: str | list[dict], response_a: str, response_b: str, *, noise: float = 0.5
 ) -> float:

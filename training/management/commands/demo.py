@@ -69,6 +69,19 @@ class Command(BaseCommand):
             help="Keep the web server up at the end (Ctrl-C to stop).",
         )
         parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument(
+            "--labels",
+            choices=sorted(demo.LABEL_PREFERENCES),
+            default="true",
+            help="What the simulated annotators prefer: the true reward, or 'polite_only' (a "
+            "polite opener, right or wrong: a deliberately hackable setting).",
+        )
+        parser.add_argument(
+            "--loop-settings",
+            type=json.loads,
+            default={},
+            help='Loop setting overrides as JSON, e.g. \'{"ppo": {"uncertainty_coef": 0}}\'.',
+        )
 
     def handle(self, *args, **opts):
         t0 = time.perf_counter()
@@ -85,6 +98,7 @@ class Command(BaseCommand):
             min_new_judgments=0,
             prompt_source="demo",
             sources=[LabelSource.HUMAN.value, LabelSource.SIMULATED.value],
+            **opts["loop_settings"],
         )
         # Stored on the project's loop, so the console's loop page shows them and each step.
         control.loop_update(project=project, settings=settings_.to_dict())
@@ -120,7 +134,14 @@ class Command(BaseCommand):
                     f"(you can label at {url}/ too)"
                 )
                 mark = time.perf_counter()
-                self._label(project, url, opts["pool"], opts["speedup"], opts["seed"] + iteration)
+                self._label(
+                    project,
+                    url,
+                    opts["pool"],
+                    opts["speedup"],
+                    opts["seed"] + iteration,
+                    demo.LABEL_PREFERENCES[opts["labels"]],
+                )
                 timings[f"label_r{current.number}"] = time.perf_counter() - mark
                 self._say(f"4/5 export -> {opts['path']} -> evaluate -> generate")
                 mark = time.perf_counter()
@@ -267,14 +288,21 @@ class Command(BaseCommand):
         server.terminate()
         raise CommandError("The web server did not answer.")
 
-    def _label(self, project: Project, url: str, pool: str, speedup: float, seed: int) -> None:
+    def _label(
+        self, project: Project, url: str, pool: str, speedup: float, seed: int, score
+    ) -> None:
         annotators = []
         for i, (kind, profile) in enumerate(parse_pool(pool)):
             name = f"sim-{kind}-{i}"
             token = annotation_services.simulated_annotator_ensure(project=project, username=name)
             annotators.append((name, token, profile))
         for stat in run_pool(
-            base_url=url, project_id=project.pk, annotators=annotators, speedup=speedup, seed=seed
+            base_url=url,
+            project_id=project.pk,
+            annotators=annotators,
+            score=score,
+            speedup=speedup,
+            seed=seed,
         ):
             self._say(
                 f"    {stat.name:20s} {stat.submitted:4d} labels"
