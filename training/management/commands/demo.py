@@ -160,7 +160,11 @@ class Command(BaseCommand):
         finally:
             if server.poll() is None:
                 server.terminate()
-                server.wait(timeout=10)
+                try:
+                    server.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # a busy machine: stop it for good
+                    server.kill()
+                    server.wait()
 
     # ------------------------------------------------------------------ steps
 
