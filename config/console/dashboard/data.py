@@ -20,8 +20,19 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from django.db.models import Count, IntegerField, Max, Min, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import Coalesce, Length
+from django.db.models import (
+    Count,
+    IntegerField,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+)
+from django.db.models.functions import Coalesce, Length, NullIf
 
 from annotation.labels import pair_outcome
 from annotation.models import (
@@ -35,6 +46,7 @@ from annotation.models import (
 from annotation.querysets import is_counted_row
 from evaluation import selectors as qc
 from evaluation.agreement_cache import project_agreement_cached
+from evaluation.stats.leaderboard import PairCounts, pair_counts
 from training.models import ModelVersion, TrainingRun
 
 # Size caps: pages stay fast on big projects; each cap is named on the page when it bites.
@@ -101,6 +113,26 @@ def model_key(model_name: str, checkpoint_id: str, version_name: str | None) -> 
     return version_name or model_name or checkpoint_id or "unnamed model"
 
 
+def _model_key_sql():
+    """Return `model_key` of an ItemCandidate row as an SQL expression."""
+    return Coalesce(
+        NullIf("candidate__policy_version__name", Value("")),
+        NullIf("candidate__model_name", Value("")),
+        NullIf("candidate__checkpoint_id", Value("")),
+        Value("unnamed model"),
+    )
+
+
+def _slot_model(index: int) -> Subquery:
+    """Return the model at a judged item's index-th lowest position (as `slots` sorts them)."""
+    return Subquery(
+        ItemCandidate.objects.filter(item_id=OuterRef("item_id"))
+        .order_by("position")
+        .annotate(model=_model_key_sql())
+        .values("model")[index : index + 1]
+    )
+
+
 def pairwise_battles(judgments: Iterable[dict], slots: dict[int, list[tuple]]) -> list[Battle]:
     """Turn judgments into battles between the models at their item's positions.
 
@@ -130,6 +162,28 @@ def pairwise_battles(judgments: Iterable[dict], slots: dict[int, list[tuple]]) -
             outcome = pair_outcome(ranking, i, k)
             battles.append(Battle(prompt, model_a, model_b, outcome, len_a, len_b))
     return battles
+
+
+def item_slots(*, item_ids) -> dict[int, list[tuple[int, str, int]]]:
+    """Return item id -> [(position, model, answer length in characters)] for these items."""
+    rows = (
+        ItemCandidate.objects.filter(item_id__in=item_ids)
+        .annotate(length=Length("candidate__text"))
+        .values_list(
+            "item_id",
+            "position",
+            "candidate__model_name",
+            "candidate__checkpoint_id",
+            "candidate__policy_version__name",
+            "length",
+        )
+    )
+    out: dict[int, list[tuple[int, str, int]]] = defaultdict(list)
+    for item_id, position, name, checkpoint, version, length in rows:
+        out[item_id].append((position, model_key(name, checkpoint, version), length or 0))
+    for value in out.values():
+        value.sort()
+    return dict(out)
 
 
 class ProjectData:
@@ -243,29 +297,67 @@ class ProjectData:
     @cached_property
     def slots(self) -> dict[int, list[tuple[int, str, int]]]:
         """Return item id -> [(position, model, answer length in characters)]."""
-        item_ids = {j["item_id"] for j in self.judgments}
-        rows = (
-            ItemCandidate.objects.filter(item_id__in=item_ids)
-            .annotate(length=Length("candidate__text"))
-            .values_list(
-                "item_id",
-                "position",
-                "candidate__model_name",
-                "candidate__checkpoint_id",
-                "candidate__policy_version__name",
-                "length",
-            )
-        )
-        out: dict[int, list[tuple[int, str, int]]] = defaultdict(list)
-        for item_id, position, name, checkpoint, version, length in rows:
-            out[item_id].append((position, model_key(name, checkpoint, version), length or 0))
-        for value in out.values():
-            value.sort()
-        return dict(out)
+        return item_slots(item_ids={j["item_id"] for j in self.judgments})
 
     @cached_property
     def battles(self) -> list[Battle]:
         return pairwise_battles(self.judgments, self.slots)
+
+    def _judgment_window(self) -> QuerySet:
+        """Return the judgments `judgments` loads (the newest MAX_JUDGMENTS) as a queryset."""
+        qs = Judgment.objects.filter(project=self.project)
+        if self.round is not None:
+            qs = qs.filter(item__round=self.round)
+        oldest = qs.order_by("-id").values("id")[MAX_JUDGMENTS - 1 : MAX_JUDGMENTS]
+        return qs.filter(id__gte=Coalesce(Subquery(oldest), Value(0)))
+
+    @cached_property
+    def battle_counts(self) -> PairCounts:
+        """Return the outcomes per model pair of `battles`, pairwise votes counted in SQL.
+
+        Pairwise votes are grouped by the database (GROUP BY the two models and the outcome),
+        so Python sees a row per group, never one per battle. K-way rankings stay in Python
+        (`pairwise_battles`): the ranks are a JSON list, and turning them into K(K-1)/2 pair
+        outcomes is not simple SQL. Models keep the order in which `pair_counts` would meet
+        them in `battles` (newest judgment first), so the bootstrap draws, and with them the
+        intervals, are the same as from the per-battle list.
+        """
+        counted = self._judgment_window().counted()
+        groups = (
+            counted.exclude(choice="")
+            .annotate(model_a=_slot_model(0), model_b=_slot_model(1))
+            .values("model_a", "model_b", "choice")
+            .annotate(n=Count("pk"), newest=Max("pk"))
+            .order_by()
+        )
+        # (model a, model b, outcome) -> battles, and where `battles` first shows the group
+        table: dict[tuple[str, str, str], list] = {}
+        for row in groups:
+            a, b = row["model_a"], row["model_b"]
+            if b is not None and a != b:
+                table[(a, b, row["choice"])] = [row["n"], (-row["newest"], 0)]
+        rankings = counted.filter(choice="", ranking__isnull=False)
+        slots = item_slots(item_ids=rankings.values("item_id"))
+        fields = ("id", "item_id", "item__prompt_id", "choice", "ranking", "source")
+        for judgment in rankings.values(*fields):
+            for index, battle in enumerate(pairwise_battles([judgment], slots)):
+                key = (battle.model_a, battle.model_b, battle.outcome)
+                entry = table.setdefault(key, [0, (-judgment["id"], index)])
+                entry[0] += 1
+                entry[1] = min(entry[1], (-judgment["id"], index))
+        first_seen: list[str] = []
+        for side in (0, 1):  # pair_counts numbers model A's column first, then model B's
+            seen: dict[str, tuple] = {}
+            for key, (_, order) in table.items():
+                seen[key[side]] = min(seen.get(key[side], order), order)
+            first_seen.extend(sorted(seen, key=seen.__getitem__))
+        return pair_counts(
+            model_a=[key[0] for key in table],
+            model_b=[key[1] for key in table],
+            outcome=[key[2] for key in table],
+            count=[n for n, _ in table.values()],
+            models=list(dict.fromkeys(first_seen)),
+        )
 
     @cached_property
     def model_order(self) -> dict[str, int]:

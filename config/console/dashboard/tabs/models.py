@@ -38,12 +38,11 @@ BATTLE_NOTE = (
 def leaderboard_panel(data: ProjectData) -> Panel:
     """Return Bradley-Terry ratings with bootstrap CIs and CI-based ranks."""
     title = "Leaderboard"
-    battles = data.battles
-    models = {b.model_a for b in battles} | {b.model_b for b in battles}
-    if len(models) < 2:
+    counts = data.battle_counts
+    if len(counts.models) < 2:
         return empty("leaderboard", title, "Needs judgments comparing at least two models.")
     board = leaderboard.leaderboard(
-        [(b.model_a, b.model_b, b.outcome) for b in battles],
+        counts,
         n_boot=LEADERBOARD_BOOT,
         seed=0,
         ties="half",
@@ -100,10 +99,9 @@ def leaderboard_panel(data: ProjectData) -> Panel:
 
 def battle_counts_panel(data: ProjectData) -> Panel:
     """Return the raw battle graph: outcomes per model pair."""
-    battles = data.battles
-    if not battles:
+    counts = data.battle_counts
+    if counts.n_battles == 0:
         return empty("battles", "Battles per model pair", "No battles yet.")
-    counts = leaderboard.pair_counts([(b.model_a, b.model_b, b.outcome) for b in battles])
     rows = []
     for p in range(len(counts.first)):
         first, second = counts.models[counts.first[p]], counts.models[counts.second[p]]
