@@ -19,7 +19,8 @@ current one, so the next item is on screen the moment the current one is answere
 constraint allows one live lease per annotator, project and `ahead`, so never a third; the
 held item is claimed by the same statements as any other (the same blindness rules), renewed
 by its own heartbeat, expires like any lease, and becomes the current item when `next` (or a
-submit asking for the next item) finds no current one.
+submit asking for the next item) finds no current one. A skip that spends the skip budget gives
+the held item back, so it is not served past the budget.
 """
 
 import functools
@@ -470,6 +471,14 @@ def assignment_skip(*, assignment_id: int, user, reason: str) -> Assignment:
         membership.last_finished_at = now
         fields = ["skip_count", "skips_in_row", "last_finished_at"]
         spent = _skip_budget_spent(membership=membership, project=assignment.project)
+        held = (
+            _live_assignment(project_id=assignment.project_id, user=user, ahead=True)
+            if spent is not None
+            else None
+        )
+        if held is not None:
+            # The item held ahead would be served next, past the budget: it goes back.
+            _assignment_expire(held, now)
         if spent is not None and not membership.flagged:
             # The next `next` answers 429; the researchers see why on the QC page.
             membership.flagged = True

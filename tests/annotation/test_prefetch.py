@@ -189,3 +189,27 @@ def test_prefetch_checks_membership_and_input():
     )
     assert bad.status_code == 400 and "ahead" in bad.json()
     assert not Assignment.objects.filter(status=Assignment.Status.SUBMITTED).exists()
+
+
+@pytest.mark.django_db
+def test_the_skip_that_spends_the_budget_gives_the_held_item_back():
+    # Given an annotator allowed two skips in a row, with an item held ahead
+    project = make_project(overlap=1, max_skips_in_row=2)
+    user, client = _annotator(project)
+    make_items(project, 5)
+    first = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
+    skip = {"reason": "unclear"}
+    assert client.post(f"/api/assignments/{first}/skip/", skip, format="json").status_code == 200
+    second = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
+    held = client.post(f"/api/projects/{project.pk}/prefetch/", {}, format="json").json()
+
+    # When the second skip spends the budget
+    assert client.post(f"/api/assignments/{second}/skip/", skip, format="json").status_code == 200
+
+    # Then the held item is not served past the budget: it went back, and next answers 429
+    assert Assignment.objects.get(pk=held["assignment_id"]).status == Assignment.Status.EXPIRED
+    assert client.post(f"/api/projects/{project.pk}/next/").status_code == 429
+    assert (
+        client.post(f"/api/projects/{project.pk}/prefetch/", {}, format="json").status_code == 429
+    )
+    assert not Assignment.objects.filter(annotator=user, status=Assignment.Status.LEASED).exists()
