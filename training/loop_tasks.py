@@ -1,4 +1,4 @@
-"""Celery tasks of the loop: a beat tick per project, and round generation on the gpu queue."""
+"""Celery tasks of the loop: a beat tick per project; generation and evaluation on the gpu queue."""
 
 from celery import shared_task
 
@@ -36,3 +36,11 @@ def generate_round(project_id: int, model_version_id: int, source_key: str, sett
         source_key=source_key,
         settings=settings,
     )
+
+
+@shared_task(queue="gpu", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def evaluate_policy(project_id: int, policy_id: int, settings: dict):
+    """Run the loop's evaluation of a new policy; an evaluated policy is left alone."""
+    from training.policy_eval import policy_evaluation_run
+
+    policy_evaluation_run(project_id=project_id, policy_id=policy_id, settings=settings)

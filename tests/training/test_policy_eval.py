@@ -239,8 +239,8 @@ def test_evaluation_prompts_never_reach_a_training_round(lineage):
 def test_a_human_evaluation_round_is_served_and_its_labels_become_a_judge(lineage):
     from annotation.models import Judgment, Round
     from tests.factories import make_user
+    from training.human_eval import human_eval_round_request, human_eval_verdicts
     from training.loop import loop_advance
-    from training.policy_eval import human_eval_round_request, human_eval_verdicts
 
     project, base, child, _reward = lineage
     settings = _settings()
@@ -306,3 +306,72 @@ def test_a_policy_behind_an_endpoint_is_evaluated_with_kl_reported_not_available
     verdict = PolicyEvaluation.objects.get(policy=hosted)
     assert verdict.judge_kind == "reward_model" and verdict.opponent == base
     assert verdict.wins + verdict.ties + verdict.losses == N_EVAL
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_sync_a_gpu_worker_evaluates_the_policy_and_a_failure_is_queued_again(
+    lineage, tmp_path
+):
+    import time
+
+    import redis
+    from django.conf import settings as django_settings
+
+    from tests.celery_worker import Worker
+    from training.loop.evaluate_steps import evaluate_step
+    from training.loop.steps import LoopState
+    from training.policy_eval import policy_evaluated
+
+    project, base, child, _reward = lineage
+    settings = _settings()
+    redis.Redis.from_url(django_settings.CELERY_BROKER_URL).flushdb()
+
+    # given no gpu worker yet: the tick queues the evaluation once, then only waits
+    state = LoopState(key="evaluate-queue")
+    assert evaluate_step(project, child, settings, state, False) is None
+    assert evaluate_step(project, child, settings, state, False) is None
+    assert [(s.name, s.status) for s in state.steps] == [
+        ("evaluate", "started"),
+        ("evaluate", "waiting"),
+    ]
+    assert not policy_evaluated(child)
+
+    # when a gpu worker comes up, it evaluates the policy and the next tick goes on
+    worker = Worker(
+        queue="gpu",
+        broker_url=django_settings.CELERY_BROKER_URL,
+        log_path=tmp_path / "worker.log",
+        name="evaluate",
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not policy_evaluated(ModelVersion.objects.get(pk=child.pk)):
+            assert time.monotonic() < deadline, worker.text()[-3000:]
+            assert worker.process.poll() is None, worker.text()[-3000:]
+            time.sleep(1)
+        child.refresh_from_db()
+        assert "evaluation_task" not in child.eval_results
+        assert PolicyEvaluation.objects.filter(policy=child, judge_kind="reward_model").exists()
+        state = LoopState(key="evaluate-done")
+        assert evaluate_step(project, child, settings, state, False) == ""
+        assert state.steps[-1].status == "done"
+
+        # a policy whose evaluation fails: the error reaches the next tick, which queues it again
+        Prompt.objects.filter(project=project).update(split="train")
+        other = ModelVersion.objects.create(
+            name="other", artifact_path=child.artifact_path, parent=base, project=project
+        )
+        state = LoopState(key="evaluate-fails")
+        assert evaluate_step(project, other, settings, state, False) is None
+        deadline = time.monotonic() + 120
+        while "error" not in (
+            ModelVersion.objects.get(pk=other.pk).eval_results.get("evaluation_task") or {}
+        ):
+            assert time.monotonic() < deadline, worker.text()[-3000:]
+            time.sleep(1)
+        error = evaluate_step(project, other, settings, state, False)
+        assert error and "no evaluation prompts" in error
+        assert state.steps[-1].status == "failed" and "queued again" in state.steps[-1].detail
+        assert not policy_evaluated(ModelVersion.objects.get(pk=other.pk))
+    finally:
+        worker.stop()

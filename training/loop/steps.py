@@ -27,6 +27,13 @@ from django.db import transaction
 from annotation import services as annotation_services
 from annotation.models import Judgment, Project, Round
 from training import config_policy
+from training.loop.evaluate_steps import (
+    evaluate_step,
+    gate_step,
+    human_round_step,
+    human_verdicts_step,
+    num,
+)
 from training.loop.settings import DPO_DEFAULTS, PPO_DEFAULTS, REWARD_DEFAULTS, LoopSettings
 from training.models import ModelVersion, TrainingRun
 from training.rounds import generate_round_now
@@ -284,7 +291,7 @@ def loop_advance(
         return LoopState(key="-", steps=[Step("start", "skipped", "no round yet")])
     key = loop_key(round_)
     state = LoopState(key=key)
-    _human_verdicts_step(project, state)
+    human_verdicts_step(project, state)
     if round_.source_key.endswith(":gen") and not round_.items.exists():
         # A previous iteration opened this round but its generation did not finish.
         previous = _training_rounds(project).filter(number__lt=round_.number).first()
@@ -321,8 +328,10 @@ def loop_advance(
     if run is None:
         return state
     policy = ModelVersion.objects.get(training_run=run)
-    evaluation_error = _evaluate_step(project, policy, settings, state)
+    evaluation_error = evaluate_step(project, policy, settings, state, sync)
     policy.refresh_from_db(fields=["promotion"])
+    if evaluation_error is None and not policy.promotion:
+        return state  # a gpu worker evaluates it; a later tick goes on from here
     if evaluation_error and not policy.promotion:
         # Nothing says whether the policy is better: wait for the evaluation to succeed on a
         # later tick, or for a researcher to promote or reject it by hand.
@@ -333,9 +342,9 @@ def loop_advance(
             "it by hand",
         )
         return state
-    _gate_step(policy, settings, state)
+    gate_step(policy, settings, state)
     if settings.evaluation["human_round"] and not evaluation_error:
-        _human_round_step(project, policy, settings, state, sync)
+        human_round_step(project, policy, settings, state, sync)
     annotation_services.round_close(round_=round_)
     # The next round comes from the last promoted policy (this one if the gate passed it).
     from training.loop.gate import policy_current
@@ -392,7 +401,8 @@ def _train_policy(
             "kl_budget": kl_budget(settings=settings),
         }
         calibration = reward_calibration(reward_model.eval_results)
-        if calibration is not None:
+        # An explicit ppo.reward_calibration (e.g. {} for raw scores) overrides the frozen one.
+        if calibration is not None and "reward_calibration" not in settings.ppo:
             # PPO reads the frozen temperature and normalisation instead of normalising on
             # the fly, and records which reward model version they came from.
             ppo_config["normalize_score"] = False
@@ -443,7 +453,7 @@ def _reward_model_check_step(reward_model, dataset, parent, settings, state) -> 
             "done",
             f"reward model {reward_model.pk} on {report['n_pairs']} held-out test pairs: "
             f"accuracy {report['accuracy']:.3f}, NLL {report['nll']:.3f}, "
-            f"AUC {_num(report.get('roc_auc'))}, ECE {_num(report.get('ece'))}",
+            f"AUC {num(report.get('roc_auc'))}, ECE {num(report.get('ece'))}",
         )
     elif not report:
         state.add("rm_test", "skipped", f"dataset v{dataset.version} has no test pairs")
@@ -462,58 +472,6 @@ def _reward_model_check_step(reward_model, dataset, parent, settings, state) -> 
     )
 
 
-def _num(value) -> str:
-    return f"{value:.3f}" if isinstance(value, int | float) else "n/a"
-
-
-def _evaluate_step(project, policy: ModelVersion, settings, state: LoopState) -> str:
-    """Evaluate the new policy once (judges, KL, text statistics); return an error or ''."""
-    from annotation.errors import ServiceError
-    from training.generation.base import GenerationError
-    from training.policy_eval import policy_evaluate, policy_evaluated
-
-    if not policy_evaluated(policy):
-        try:
-            policy_evaluate(policy=policy, project=project, settings=settings)
-        except (ServiceError, GenerationError) as exc:
-            message = getattr(exc, "message", None) or str(exc)
-            state.add("evaluate", "failed", message[:300])
-            return message
-    if settings.prompt_source == "demo" and "true_reward" not in policy.eval_results:
-        # The demo also keeps its programmatic reward of the policy alone, as a report.
-        from training.demo_eval import policy_true_reward
-
-        result = policy_true_reward(policy.artifact_path, seed=settings.seed)
-        policy.refresh_from_db(fields=["eval_results"])
-        policy.eval_results = {**policy.eval_results, **result}
-        policy.save(update_fields=["eval_results"])
-    state.add("evaluate", "done", _evaluation_summary(policy))
-    return ""
-
-
-def _evaluation_summary(policy: ModelVersion) -> str:
-    from training.models import PolicyEvaluation
-
-    generation = policy.eval_results.get("generation") or {}
-    parts = []
-    for verdict in PolicyEvaluation.objects.filter(
-        policy=policy, opponent_id=generation.get("previous_id")
-    ).order_by("judge_kind", "judge"):
-        parts.append(
-            f"{verdict.judge}: {verdict.wins}/{verdict.ties}/{verdict.losses} "
-            f"win rate {_num(verdict.win_rate)} [{_num(verdict.ci_low)}, {_num(verdict.ci_high)}]"
-        )
-    kl = generation.get("kl_reference") or {}
-    parts.append(f"KL to reference {_num(kl.get('value')) if kl.get('available') else 'n/a'}")
-    stats = generation.get("stats") or {}
-    parts.append(
-        f"length {_num(stats.get('mean_length'))}, distinct-2 {_num(stats.get('distinct_2'))}"
-    )
-    if "true_reward" in policy.eval_results:
-        parts.append(f"true reward {policy.eval_results['true_reward']:.3f}")
-    return "; ".join(parts)[:1000]
-
-
 def _training_rounds(project: Project):
     """Return the project's rounds the loop learns from, newest first (no evaluation rounds)."""
     return (
@@ -521,52 +479,6 @@ def _training_rounds(project: Project):
         .exclude(purpose=Round.Purpose.EVAL)
         .order_by("-number")
     )
-
-
-def _human_round_step(project, policy: ModelVersion, settings, state: LoopState, sync) -> None:
-    """Open a human evaluation round of the new policy vs the previous one (never exported)."""
-    from annotation.errors import ServiceError
-    from training.generation.base import GenerationError
-    from training.policy_eval import human_eval_round_request
-
-    try:
-        job, reason = human_eval_round_request(
-            policy=policy, project=project, settings=settings, sync=sync
-        )
-    except (ServiceError, GenerationError) as exc:
-        state.add("human_eval", "failed", (getattr(exc, "message", None) or str(exc))[:300])
-        return
-    if job is None:
-        state.add("human_eval", "skipped", reason)
-    elif job.round_id is not None:
-        state.add("human_eval", "done", f"evaluation round {job.round.number}")
-    elif job.status == job.Status.FAILED:
-        state.add("human_eval", "failed", f"generation job {job.pk}: {job.error[-300:]}")
-    else:
-        state.add("human_eval", "started", f"generation job {job.pk}")
-
-
-def _human_verdicts_step(project, state: LoopState) -> None:
-    """Count the labels of the loop's human evaluation rounds as one more judge."""
-    from training.policy_eval import human_eval_verdicts
-
-    for verdict in human_eval_verdicts(project=project):
-        state.add(
-            "human_eval",
-            "done",
-            f"{verdict.judge}: policy {verdict.policy_id} {verdict.wins}/{verdict.ties}/"
-            f"{verdict.losses} win rate {_num(verdict.win_rate)} "
-            f"[{_num(verdict.ci_low)}, {_num(verdict.ci_high)}]",
-        )
-
-
-def _gate_step(policy: ModelVersion, settings, state: LoopState) -> None:
-    """Promote the policy if it passes the gate; otherwise keep it unpromoted."""
-    from training.loop.gate import policy_gate
-
-    decided = policy_gate(policy=policy, settings=settings)
-    who = "by hand" if decided.promoted_by_id else "by the gate"
-    state.add("gate", "done", f"{decided.promotion} {who}: {decided.promotion_reason}"[:1000])
 
 
 def _generate_step(project, learned_from: Round, policy, settings, state, sync) -> LoopState:
