@@ -138,3 +138,39 @@ def login(recorder, live_server, username, password="pw"):
 def screenshot(page, name):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+# The annotator page holds the next item ahead (its id in #task[data-ahead]) or knows that
+# nothing is left to hold (#task[data-ahead-done]).
+AHEAD_SETTLED = """() => {
+  const task = document.getElementById("task");
+  return Boolean(task.dataset.ahead) || task.dataset.aheadDone === "1";
+}"""
+
+
+def held_ahead(page, user) -> str | None:
+    """Wait until the page holds the next item ahead; return its id, or None if none is left.
+
+    The item held ahead is leased to `user` under its own lease, marked `ahead`.
+    """
+    from annotation.models import Assignment
+
+    page.wait_for_function(AHEAD_SETTLED)
+    ahead = page.get_attribute("#task", "data-ahead")
+    if not ahead:
+        return None
+    held = Assignment.objects.get(pk=ahead)
+    assert held.ahead and held.annotator_id == user.pk
+    assert held.status == Assignment.Status.LEASED
+    return ahead
+
+
+def wait_for_judgment(assignment_id, timeout=15.0):
+    """Wait until the answer to an assignment is stored; return it."""
+    from annotation.models import Judgment
+
+    deadline = time.monotonic() + timeout
+    while (judgment := Judgment.objects.filter(assignment_id=assignment_id).first()) is None:
+        assert time.monotonic() < deadline, f"no judgment for assignment {assignment_id}"
+        time.sleep(0.05)
+    return judgment

@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from annotation.models import Judgment, Membership
+from annotation.models import Assignment, Judgment, Membership
 from evaluation.services import annotator_pause
-from tests.browser.conftest import login, screenshot
+from tests.browser.conftest import held_ahead, login, screenshot, wait_for_judgment
 from tests.factories import add_member, make_items, make_project, make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -16,6 +16,17 @@ NEXT_ITEM = """(old) => {
   return !el || el.dataset.assignment !== old;
 }"""
 FAST_REASON = "80% of 20 judgments too fast (limit 50%)"
+
+
+ENTER_THEN_LEAVE = """() => {
+  document.getElementById("item").dispatchEvent(
+    new KeyboardEvent("keydown", { key: "Enter", bubbles: true, cancelable: true })
+  );
+  const shown = document.getElementById("item").dataset.assignment;
+  const undoOffered = !document.getElementById("undo-btn").hidden;
+  document.querySelector("a.back-link").click(); // "← Projects"
+  return [shown, undoOffered];
+}"""
 
 
 def _wait_for(predicate, seconds=8.0):
@@ -38,17 +49,22 @@ def test_leaving_during_the_hold_stores_the_answer_once(make_page, live_server):
     page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
     page.wait_for_selector("#item")
 
-    # A later item: choose, submit, and leave by "← Projects" during the hold.
+    # Item 1 with item 2 held ahead: Enter shows item 2 at once, item 1's answer follows.
     first_id = page.get_attribute("#item", "data-assignment")
+    second_id = held_ahead(page, annotator)
     page.keyboard.press("1")
     page.keyboard.press("Enter")
-    page.keyboard.press("Enter")
-    page.wait_for_function(NEXT_ITEM, arg=first_id)
-    second_id = page.get_attribute("#item", "data-assignment")
+    assert page.get_attribute("#item", "data-assignment") == second_id
+    wait_for_judgment(first_id)
+    page.wait_for_selector("#undo-btn", state="hidden")
+
+    # A later item: choose, submit, and leave by "← Projects" during the hold.
+    third_id = held_ahead(page, annotator)
+    assert third_id
     page.keyboard.press("2")
-    page.keyboard.press("Enter")
-    page.wait_for_selector("#undo-btn:not([hidden])")
-    page.get_by_role("link", name="Projects").click()
+    # Enter and the click in one task, so the click surely falls inside the 5-second hold
+    shown, undo_offered = page.evaluate(ENTER_THEN_LEAVE)
+    assert (shown, undo_offered) == (third_id, True)
     page.wait_for_url(f"{live_server.url}/")
 
     # The answer reached the server without the task page being opened again.
@@ -77,8 +93,10 @@ def test_typing_another_address_during_the_hold_still_sends_the_answer(make_page
     page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
     page.wait_for_selector("#item")
     assignment_id = page.get_attribute("#item", "data-assignment")
+    ahead = held_ahead(page, annotator)
     page.keyboard.press("2")
     page.keyboard.press("Enter")
+    assert page.get_attribute("#item", "data-assignment") == ahead  # the answer waits off screen
     page.wait_for_selector("#undo-btn:not([hidden])")
     # Not a link of the page: the browser itself navigates (address bar, bookmark).
     page.goto(f"{live_server.url}/")
@@ -108,18 +126,24 @@ def test_paused_annotator_sees_the_reason_and_whom_to_contact(make_page, live_se
     page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
     page.wait_for_selector("#item")
     assignment_id = page.get_attribute("#item", "data-assignment")
+    ahead = held_ahead(page, annotator)
+    assert ahead
 
-    # QC pauses the annotator while an item is open; the next submit cannot be stored.
+    # QC pauses the annotator while an item is open and the next is held ahead; both leases
+    # end, and the answer cannot be stored.
     annotator_pause(
         project=project,
         annotator_id=annotator.pk,
         failed_checks=["speed"],
         reasons=[FAST_REASON],
     )
+    assert Assignment.objects.get(pk=ahead).status == Assignment.Status.EXPIRED
     page.keyboard.press("1")
     page.keyboard.press("Enter")
-    page.keyboard.press("Enter")
-    page.wait_for_function(NEXT_ITEM, arg=assignment_id)
+    # The held item is shown at once; once the held answer is refused, the page asks the
+    # server what to show instead of leaving an item that cannot be answered.
+    assert page.get_attribute("#item", "data-assignment") == ahead
+    page.wait_for_selector("#item-notice", timeout=15_000)
     notice = page.locator("#item-notice")
     assert FAST_REASON in notice.inner_text()
     assert "Ana Rivera" in notice.inner_text()

@@ -1,9 +1,14 @@
-"""Pairwise annotation in a real browser: keyboard only, undo, skip, blind, no CSP violation."""
+"""Pairwise annotation in a real browser: keyboard only, undo, skip, blind, no CSP violation.
+
+The page holds the next item ahead (prefetch, on by default): Enter shows it in the same frame
+while the answer waits out its hold; on the last item, nothing is held ahead and a second Enter
+sends the held answer at once.
+"""
 
 import pytest
 
 from annotation.models import Assignment, ItemCandidate, Judgment, Skip
-from tests.browser.conftest import login, screenshot
+from tests.browser.conftest import held_ahead, login, screenshot, wait_for_judgment
 from tests.factories import add_member, make_items, make_project, make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -56,6 +61,19 @@ def _shown_first_lines(page) -> dict:
     }
 
 
+def _send(page, assignment_id, ahead):
+    """After Enter: the item held ahead is on screen at once and the answer is sent after its
+    hold; with nothing held ahead, the answer is held on screen and Enter sends it now."""
+    if ahead:
+        assert page.get_attribute("#item", "data-assignment") == ahead
+        assert "previous answer" in page.inner_text("#save-status")
+        wait_for_judgment(assignment_id)
+    else:
+        page.wait_for_selector("#undo-btn:not([hidden])")
+        assert "Submitting in" in page.inner_text("#save-status")
+        page.keyboard.press("Enter")  # send now
+
+
 def test_pairwise_by_keyboard_alone(make_page, live_server):
     project, annotator = _pairwise_project()
     recorder = make_page()
@@ -74,7 +92,8 @@ def test_pairwise_by_keyboard_alone(make_page, live_server):
     # A second, phone-sized window on the same (leased) item for the narrow-screen screenshot.
     phone = make_page(width=360, height=780)
     login(phone, live_server, annotator.username)
-    phone.page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
+    # Without prefetch: closing it must not give back the item the main page holds ahead.
+    phone.page.goto(f"{live_server.url}/projects/{project.pk}/annotate/?prefetch=0")
     phone.page.wait_for_selector("#item")
     assert phone.page.evaluate("document.documentElement.scrollWidth") <= 360
     screenshot(phone.page, "pairwise-360")
@@ -88,6 +107,7 @@ def test_pairwise_by_keyboard_alone(make_page, live_server):
     served = 0
     while page.locator("#item").count():
         assignment_id = page.get_attribute("#item", "data-assignment")
+        ahead = held_ahead(page, annotator)
         texts = _shown_first_lines(page)
         action = plan[served % len(plan)]
         served += 1
@@ -102,26 +122,31 @@ def test_pairwise_by_keyboard_alone(make_page, live_server):
                 page.eval_on_selector("#rubric", "el => { el.open = true; }")
                 screenshot(page, "pairwise-desktop")
             page.keyboard.press("Enter")
-            page.wait_for_selector("#undo-btn:not([hidden])")
-            page.keyboard.press("Enter")  # send now
+            _send(page, assignment_id, ahead)
             expected[assignment_id] = ("B", "much", 4, "B explains the <slice> better.", texts)
         elif action == "A-undo-tie":
             page.keyboard.press("a")
             page.keyboard.press("Enter")
             page.wait_for_selector("#undo-btn:not([hidden])")
-            screenshot(page, "pairwise-pending-undo")
             page.keyboard.press("u")
             page.wait_for_selector("#undo-btn", state="hidden")
+            # The answered item is back (the next one held ahead again), ready to change.
+            assert page.get_attribute("#item", "data-assignment") == assignment_id
+            assert page.get_attribute("#task", "data-ahead") == (ahead or "")
             assert page.is_enabled('input[name="choice"][value="tie"]')
             page.keyboard.press("t")
             assert page.is_disabled('input[name="strength"][value="much"]')
             page.keyboard.press("Enter")  # and let the 5 s grace run out
+            if ahead:
+                assert page.get_attribute("#item", "data-assignment") == ahead
+            screenshot(page, "pairwise-pending-undo")  # after U: a slow screenshot can outlast it
+            wait_for_judgment(assignment_id)
             expected[assignment_id] = ("tie", "", None, "", texts)
         elif action == "both_bad":
             page.keyboard.press("x")
             page.keyboard.press("Shift+Digit2")
             page.keyboard.press("Enter")
-            page.keyboard.press("Enter")
+            _send(page, assignment_id, ahead)
             expected[assignment_id] = ("both_bad", "", 2, "", texts)
         else:
             page.keyboard.press("k")
@@ -130,8 +155,9 @@ def test_pairwise_by_keyboard_alone(make_page, live_server):
             page.keyboard.press("Enter")
             expected[assignment_id] = ("skip", "", None, "", texts)
         page.wait_for_function(NEXT_ITEM, arg=assignment_id, timeout=15_000)
+        page.wait_for_selector("#undo-btn", state="hidden")
 
-    assert page.locator("#item-done").is_visible()
+    page.wait_for_selector("#item-done")
     assert served >= 4
 
     for assignment_id, (shown, strength, confidence, rationale, texts) in expected.items():

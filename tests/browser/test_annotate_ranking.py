@@ -1,9 +1,13 @@
-"""K-way ranking in a real browser: drag with SortableJS, keyboard moves and ties."""
+"""K-way ranking in a real browser: drag with SortableJS, keyboard moves and ties.
+
+Item 1 is answered with item 2 held ahead (prefetch): Submit shows item 2 at once and the
+ranking is sent after its hold; item 2, the last, is held on screen and sent with Enter again.
+"""
 
 import pytest
 
 from annotation.models import Assignment, ItemCandidate, Judgment
-from tests.browser.conftest import login, screenshot
+from tests.browser.conftest import held_ahead, login, screenshot, wait_for_judgment
 from tests.factories import add_member, make_items, make_project, make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -77,6 +81,8 @@ def test_ranking_by_drag_and_by_keyboard(make_page, live_server):
 
     # Item 1: by mouse, drag the last card to the top.
     first_id = page.get_attribute("#item", "data-assignment")
+    second_held = held_ahead(page, annotator)
+    assert second_held
     lines = _first_lines(page)
     page.keyboard.press("Enter")  # untouched order: asks for a confirmation instead
     assert "not moved any card" in page.inner_text("#save-status")
@@ -86,12 +92,18 @@ def test_ranking_by_drag_and_by_keyboard(make_page, live_server):
     assert ranks == [2, 3, 4, 1]
     assert page.inner_text('.rank-badge[data-rank-for="D"]') == "Rank 1"
     page.locator("#submit-btn").click()
-    page.locator("#submit-btn").click()  # "Send now"
-    page.wait_for_function(NEXT_ITEM, arg=first_id)
+    # The item held ahead is on screen at once; the ranking waits out its hold off screen.
+    assert page.get_attribute("#item", "data-assignment") == second_held
+    page.wait_for_selector("#undo-btn:not([hidden])")
+    assert not Judgment.objects.filter(assignment_id=first_id).exists()
+    wait_for_judgment(first_id)
     _assert_stored(first_id, ranks, lines)
+    page.wait_for_selector("#undo-btn", state="hidden")
 
     # Item 2: keyboard only. C to the top, D up one place, then D tied with the card above.
     second_id = page.get_attribute("#item", "data-assignment")
+    assert second_id == second_held
+    assert held_ahead(page, annotator) is None  # the last item: nothing more to hold
     lines = _first_lines(page)
     page.keyboard.press("c")
     page.keyboard.press("1")
@@ -106,10 +118,11 @@ def test_ranking_by_drag_and_by_keyboard(make_page, live_server):
     )
     screenshot(page, "ranking-desktop")
     page.keyboard.press("Enter")
-    page.keyboard.press("Enter")
+    page.wait_for_selector("#undo-btn:not([hidden])")
+    page.keyboard.press("Enter")  # send now
     page.wait_for_function(NEXT_ITEM, arg=second_id)
     _assert_stored(second_id, ranks, lines)
-    assert page.locator("#item-done").is_visible()
+    page.wait_for_selector("#item-done")
 
     recorder.assert_clean()
     recorder.assert_no_secret(SECRETS)

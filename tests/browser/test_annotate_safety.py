@@ -84,7 +84,8 @@ def test_submit_survives_a_lost_connection_and_a_reload(make_page, live_server):
         else:
             route.continue_()
 
-    page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
+    # The classic path (no item held ahead): the answer is retried with its item on screen.
+    page.goto(f"{live_server.url}/projects/{project.pk}/annotate/?prefetch=0")
     page.wait_for_selector("#item")
 
     # The lease is kept alive: a heartbeat goes out (every lease/3 = 5 s here).
@@ -125,7 +126,7 @@ def test_submit_survives_a_lost_connection_and_a_reload(make_page, live_server):
     page.close()
     recorder = PageRecorder(context.new_page())
     page = recorder.page
-    page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
+    page.goto(f"{live_server.url}/projects/{project.pk}/annotate/?prefetch=0")
     page.wait_for_function(NEXT_ITEM, arg=second_id, timeout=15_000)
     judgment = Judgment.objects.get(assignment_id=second_id)
     assert judgment.shown_choice == "B"

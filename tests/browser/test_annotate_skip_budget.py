@@ -3,7 +3,7 @@
 import pytest
 
 from annotation.models import Assignment
-from tests.browser.conftest import login, screenshot
+from tests.browser.conftest import held_ahead, login, screenshot
 from tests.factories import add_member, make_items, make_project, make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -25,9 +25,10 @@ def test_spent_skip_budget_shows_the_servers_message(make_page, live_server):
     page.goto(f"{live_server.url}/projects/{project.pk}/annotate/")
     page.wait_for_selector("#item")
 
-    skipped = []
+    skipped, held = [], []
     for _ in range(2):
         assignment_id = page.get_attribute("#item", "data-assignment")
+        held.append(held_ahead(page, annotator))  # the next item is held ahead (prefetch)
         page.locator("#skip-btn").click()
         page.wait_for_selector("#skip-dialog[open]")
         page.get_by_role("button", name="Skip item").click()
@@ -43,6 +44,9 @@ def test_spent_skip_budget_shows_the_servers_message(make_page, live_server):
     assert page.locator("#item-actions").is_hidden()
     screenshot(page, "skip-budget-notice")
     assert all(Assignment.objects.get(pk=pk).status == Assignment.Status.SKIPPED for pk in skipped)
+    # The item held ahead when the budget ran out was given back, not served past it.
+    assert skipped[1] == held[0]
+    assert Assignment.objects.get(pk=held[1]).status == Assignment.Status.EXPIRED
     assert not Assignment.objects.filter(
         annotator=annotator, status=Assignment.Status.LEASED
     ).exists()

@@ -15,7 +15,7 @@
  * One round trip: the answer is sent with `"next": true` and the server's reply carries the
  * next item, rendered by the page's own template (escaped Markdown), which is shown as is.
  *
- * Prefetch (on with ?prefetch=1, off with ?prefetch=0; PREFETCH_DEFAULT otherwise): the page
+ * Prefetch (on by default, PREFETCH_DEFAULT; ?prefetch=0 turns it off, ?prefetch=1 on): the page
  * holds the next item under its own lease (POST prefetch), renewed by the heartbeat, so Enter
  * shows it at once while the answer waits out its hold off screen. Undo brings the previous
  * item back and the next one is held again. The reply to the held answer brings the item
@@ -39,7 +39,7 @@ import { keydownHandler } from "./shortcuts.js";
 import { announce, setStatus, setStatusWithLink } from "./status.js";
 
 const GRACE_MS = 5000;
-const PREFETCH_DEFAULT = false;
+const PREFETCH_DEFAULT = true;
 
 let item = null; // the item on screen: its element, kind and phase (editing, grace, sending, done)
 let held = null; // the previous item, its answer in the hold or on its way, kept off screen
@@ -115,11 +115,18 @@ async function requestAhead() {
   aheadAsked = false;
   if (!result) return;
   if (result.status === 204) {
-    aheadDone = true;
+    markAheadDone();
     return;
   }
   if (!result.ok || ahead || (item && String(result.data.assignment_id) === item.id)) return;
   holdAhead(result.data.assignment_id, fragmentFromHtml(result.data.html));
+}
+
+function markAheadDone() {
+  aheadDone = true;
+  // Said on the page too: tests wait for it to know no item will be held ahead.
+  const el = task();
+  if (el) el.dataset.aheadDone = "1";
 }
 
 function releaseAhead() {
@@ -404,7 +411,7 @@ function applyReply(target, data) {
     const aheadId = String(data.ahead.assignment_id);
     if (!ahead && (!item || item.id !== aheadId)) holdAhead(aheadId, fragmentFromHtml(data.ahead.html));
   } else if (data.ahead === null) {
-    aheadDone = true;
+    markAheadDone();
   }
   if (target === item) {
     if (!next) {
@@ -467,7 +474,10 @@ function submitted(current, outcome) {
     current.phase = "done";
     held = null;
     setStatus("Previous answer not saved: " + (result.data.detail || "the item is no longer yours."), "error", 8000);
-    requestAhead();
+    // The item on screen was leased on the same terms (a pause expires both leases): ask the
+    // server what to show, unless that item's own answer is already under way.
+    if (item && item.phase === "editing") loadNext();
+    else requestAhead();
     return;
   }
   if (outcome.auth) {
