@@ -29,6 +29,13 @@ whether each criterion holds:
 Results are printed and written to ``<out>/results.json``; each demo's output is in
 ``<out>/seed<N>/<setting>/demo.log``.
 
+Issue #19's figure is not recorded yet: its first run (3 seeds, both settings, and the
+hackable setting on seed 0), niced beside a full-priority benchmark on both cores, reached only
+round-1 PPO in an hour. What it showed, seed 0, round 1: the runs carry the settings (guards on:
+kl_budget 20.0 and the frozen calibration; off: no budget, raw scores); the reward model on
+true-reward labels kept 148 train pairs, test accuracy 0.635 (30 pairs); on polite-only labels
+most pairs are ties and are dropped: 27 train pairs, test accuracy 1.000 (4 pairs).
+
 Reference run (``--path both``, defaults, seed 0; 2 CPU cores, load 0-2; 0.13M-parameter
 GPT-2, 256 prompts a round, 16 answers per held-out question). True reward on the 30
 held-out questions [95% CI], and round-3 policy minus SFT paired per question:
