@@ -23,7 +23,22 @@ Sizes (the issue's): 64 training prompts a round, K=2, 96 new tokens, DPO with L
 32 evaluation prompts, 2 rounds. `tests/training/test_real_loop_toy.py` runs the same path
 (`run()` below) with a tiny policy and a handful of prompts.
 
-Measured: see docs/DEVELOPING.md ("Real-model loop") for the figures of the last run.
+Last full run (2026-12-02, the defaults above: LoRA DPO lr 2e-4, reward models 2 epochs, the
+gate's win-rate criterion off; 2 CPU cores shared with test suites, load average 10-14):
+pairs A 349 / B 421 / C 419; pool 382 train, 37 evaluation prompts. Reward models: annotator
+169 s, judge 233 s (judge held-out accuracy 0.56). Win rate vs the base by the part-B judge on
+32 evaluation prompts, prompt-clustered 95% CI:
+  round 1: 16/0/16, 0.500 [0.344, 0.656]; KL to reference 1.21; length 46.8 tokens;
+           distinct-2 0.949; gate promoted (KL and length ratio). Seconds: generation 684
+           (13.7 new tokens/s), AI labels 16, DPO 969, evaluation 423, next round 784.
+  round 2: 21/0/11, 0.656 [0.500, 0.812] (vs round 1: 0.625 [0.469, 0.781]); KL to reference
+           2.98, to base 5.99; length 33.5; distinct-2 0.942; promoted. Seconds: AI labels 14,
+           DPO 1931 (52 steps), evaluation 688.
+Both DPO runs raised the likelihood-displacement alarm (chosen log-probability 22 and 46 nats
+under its start), recorded, not stopping. The target (round 2 beats the base with CI low > 0.5
+in under 45 minutes) was not met: the CI's low end is 0.500, and the run took 93 minutes at that
+load. Tried: one reward-model epoch (judge near chance) and LoRA lr 5e-5 (round-1 KL 0.066, no
+movement); answers shortened round by round, so read the win rate next to the length.
 """
 
 from __future__ import annotations
