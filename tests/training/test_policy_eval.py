@@ -344,7 +344,7 @@ def test_outside_sync_a_gpu_worker_evaluates_the_policy_and_a_failure_is_queued_
         name="evaluate",
     )
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 900
         while not policy_evaluated(ModelVersion.objects.get(pk=child.pk)):
             assert time.monotonic() < deadline, worker.text()[-3000:]
             assert worker.process.poll() is None, worker.text()[-3000:]
@@ -363,7 +363,7 @@ def test_outside_sync_a_gpu_worker_evaluates_the_policy_and_a_failure_is_queued_
         )
         state = LoopState(key="evaluate-fails")
         assert evaluate_step(project, other, settings, state, False) is None
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600
         while "error" not in (
             ModelVersion.objects.get(pk=other.pk).eval_results.get("evaluation_task") or {}
         ):
