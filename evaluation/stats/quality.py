@@ -270,8 +270,11 @@ def consensus_outliers(
     ``votes`` are ``(annotator, item, label)``. For each vote the consensus is the modal label
     of the *other* annotators on that item (all modes count when they tie). Under the null
     hypothesis the annotator behaves like the pool, so a vote agrees with probability q, the
-    pool-wide agreement rate on votes whose consensus looked the same (same number of other
-    votes, size of the mode, number of modes), Laplace-smoothed. The exact Poisson-binomial
+    agreement rate of the *other* annotators' votes whose consensus looked the same (same
+    number of other votes, size of the mode, number of modes), Laplace-smoothed. The
+    annotator's own votes are left out of that rate: in a small pool (three annotators per
+    item) the votes whose consensus is a clear mode are mostly the outlier's own, and a rate
+    that counted them would make a random clicker its own yardstick. The exact Poisson-binomial
     P(agreements <= observed) is the annotator's p-value. This follows the idea of Chatbot
     Arena's anomalous-user detection (Chiang et al. 2024, section 5.1; FastChat
     ``outlier_detect``): per-vote evidence against the crowd, combined per user.
@@ -283,6 +286,8 @@ def consensus_outliers(
     records: list[tuple[Hashable, tuple[int, int, int], bool]] = []
     bucket_hits: Counter = Counter()
     bucket_size: Counter = Counter()
+    own_hits: Counter = Counter()
+    own_size: Counter = Counter()
     for annotator, item, label in votes:
         pool = per_item[item].copy()
         pool[label] -= 1
@@ -296,11 +301,15 @@ def consensus_outliers(
         records.append((annotator, key, hit))
         bucket_hits[key] += hit
         bucket_size[key] += 1
+        own_hits[annotator, key] += hit
+        own_size[annotator, key] += 1
     agree: dict[Hashable, list[bool]] = defaultdict(list)
     chance: dict[Hashable, list[float]] = defaultdict(list)
     for annotator, key, hit in records:
+        others_hits = bucket_hits[key] - own_hits[annotator, key]
+        others_size = bucket_size[key] - own_size[annotator, key]
         agree[annotator].append(hit)
-        chance[annotator].append((bucket_hits[key] + 1) / (bucket_size[key] + 2))
+        chance[annotator].append((others_hits + 1) / (others_size + 2))
     results: dict[Hashable, ConsensusOutlier] = {}
     for annotator, hits in agree.items():
         q = np.asarray(chance[annotator])

@@ -139,6 +139,27 @@ class TestConsensusOutliers:
         # Then the false-positive rate stays near or below alpha
         assert np.mean(flagged) <= 0.15
 
+    def test_random_clicker_in_a_pool_of_three_is_flagged(self):
+        # Given two careful annotators (90% right) and a random clicker on the same 30 items:
+        # the clicker's votes are the only ones whose consensus is a clear two-vote mode, so a
+        # chance rate that counted its own votes would hold it to its own 25%.
+        labels = ["A", "B", "tie", "both_bad"]
+        flagged = []
+        for seed in range(20):
+            rng = np.random.default_rng(seed)
+            votes = []
+            for item in range(30):
+                truth = labels[rng.integers(2)]
+                for rater in ("h1", "h2"):
+                    label = truth if rng.random() < 0.9 else labels[rng.integers(4)]
+                    votes.append((rater, item, label))
+                votes.append(("clicker", item, labels[rng.integers(4)]))
+            results = consensus_outliers(votes, alpha=0.01, min_votes=20)
+            flagged.append(results["clicker"].flagged)
+            assert not results["h1"].flagged and not results["h2"].flagged
+        # Then 30 shared votes are enough to flag the clicker, nearly always
+        assert np.mean(flagged) >= 0.9
+
     def test_votes_without_others_are_skipped(self):
         results = consensus_outliers([("x", 1, "A"), ("y", 2, "B")])
         assert results == {}
