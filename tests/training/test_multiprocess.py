@@ -192,7 +192,7 @@ def test_a_gpu_worker_runs_two_processes_and_registers_one_model(
                 )
                 == 2
             ),
-            timeout=180,
+            timeout=600,
             interval=0.2,
             what="two training processes under the worker",
         )
@@ -202,7 +202,7 @@ def test_a_gpu_worker_runs_two_processes_and_registers_one_model(
                 pk=run.pk,
                 status__in=[TrainingRun.Status.SUCCEEDED, TrainingRun.Status.FAILED],
             ).first(),
-            timeout=300,
+            timeout=900,
             interval=0.5,
             what="the run to end",
         )
@@ -295,7 +295,8 @@ def test_ppo_statistics_over_two_processes_equal_those_of_one(settings, tmp_path
         env=processes.child_env(accelerate_config=config),
         capture_output=True,
         text=True,
-        timeout=300,
+        # two processes importing torch and transformers on two loaded cores
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 1):
