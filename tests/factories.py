@@ -33,6 +33,20 @@ def make_round(project: Project, number: int | None = None) -> Round:
     return Round.objects.create(project=project, number=number)
 
 
+def add_pool_prompts(project: Project, *, train: int, eval: int = 0) -> None:
+    """Add `train` and `eval` arithmetic prompts to the project's prompt pool."""
+    for split, count in (("train", train), ("eval", eval)):
+        for i in range(count):
+            text = f"What is {i % 10} + {(i + 3) % 10}? ({split} {i})"
+            Prompt.objects.create(
+                project=project,
+                text=text,
+                content_hash=content_hash(text),
+                in_pool=True,
+                split=split,
+            )
+
+
 def make_items(
     project: Project,
     n: int,

@@ -215,3 +215,23 @@ def served_policy(tiny_policy_dir, tmp_path_factory):
             process.kill()
             process.wait()
         log.close()
+
+
+def label_first_round(project, base, loop_settings, *, choices: str = "AB"):
+    """Generate round 1 from the base policy; one annotator labels it with `choices` in turn."""
+    from annotation.models import Judgment
+    from tests.factories import make_user
+    from training.rounds import generate_round_now
+
+    round1 = generate_round_now(
+        project_id=project.pk,
+        model_version_id=base.pk,
+        source_key="round-1",
+        settings=loop_settings.to_dict(),
+    )
+    annotator = make_user()
+    for n, item in enumerate(round1.items.all()):
+        Judgment.objects.create(
+            project=project, item=item, annotator=annotator, choice=choices[n % len(choices)]
+        )
+    return round1

@@ -6,7 +6,8 @@ import pytest
 
 from annotation.errors import Conflict, NotFound, ServiceError
 from annotation.models import Membership
-from tests.factories import add_member, make_project, make_round, make_user
+from tests.factories import add_member, add_pool_prompts, make_project, make_round, make_user
+from tests.training.conftest import label_first_round
 from training.loop.gate import (
     policy_base,
     policy_current,
@@ -219,22 +220,10 @@ def test_gate_settings_refuse_unknown_keys_and_bad_values():
 
 def _pool_loop(tiny_policy_dir, *, n_eval: int, **gate):
     """Return (project, base, settings) with round 1 generated from the base and labelled."""
-    from annotation.imports import content_hash
-    from annotation.models import Judgment, Prompt
     from training.loop.settings import LoopSettings
-    from training.rounds import generate_round_now
 
     project = make_project(overlap=1)
-    for split, count in (("train", 8), ("eval", n_eval)):
-        for i in range(count):
-            text = f"What is {i} + {i + 2}? ({split})"
-            Prompt.objects.create(
-                project=project,
-                text=text,
-                content_hash=content_hash(text),
-                in_pool=True,
-                split=split,
-            )
+    add_pool_prompts(project, train=8, eval=n_eval)
     base = ModelVersion.objects.create(
         name=f"tiny-base-{project.pk}", artifact_path=str(tiny_policy_dir), project=project
     )
@@ -246,15 +235,7 @@ def _pool_loop(tiny_policy_dir, *, n_eval: int, **gate):
         evaluation={"n_prompts": 4},
         gate=gate,
     )
-    round1 = generate_round_now(
-        project_id=project.pk,
-        model_version_id=base.pk,
-        source_key="round-1",
-        settings=loop_settings.to_dict(),
-    )
-    annotator = make_user()
-    for item in round1.items.all():
-        Judgment.objects.create(project=project, item=item, annotator=annotator, choice="A")
+    label_first_round(project, base, loop_settings, choices="A")
     return project, base, loop_settings
 
 
@@ -318,24 +299,12 @@ def test_a_loop_iteration_evaluates_gates_and_generates_from_the_last_promoted_p
 def test_an_rm_ppo_iteration_scores_its_reward_model_on_the_test_split_and_freezes_it(
     settings, tmp_path, tiny_policy_dir
 ):
-    from annotation.imports import content_hash
-    from annotation.models import Judgment, Prompt
     from training.loop import loop_advance
     from training.loop.settings import LoopSettings
-    from training.rounds import generate_round_now
 
     settings.ARTIFACT_ROOT = tmp_path / "artifacts"
     project = make_project(overlap=1)
-    for split, count in (("train", 40), ("eval", 4)):
-        for i in range(count):
-            text = f"What is {i} + {i + 5}? ({split})"
-            Prompt.objects.create(
-                project=project,
-                text=text,
-                content_hash=content_hash(text),
-                in_pool=True,
-                split=split,
-            )
+    add_pool_prompts(project, train=40, eval=4)
     base = ModelVersion.objects.create(
         name=f"tiny-base-rm-{project.pk}", artifact_path=str(tiny_policy_dir), project=project
     )
@@ -349,15 +318,7 @@ def test_an_rm_ppo_iteration_scores_its_reward_model_on_the_test_split_and_freez
         # Only the criteria this test is about: an untrained policy's lengths vary freely.
         gate={"kl_budget": None, "max_length_ratio": None, "min_rm_accuracy": 0.0},
     )
-    round1 = generate_round_now(
-        project_id=project.pk,
-        model_version_id=base.pk,
-        source_key="round-1",
-        settings=loop_settings.to_dict(),
-    )
-    annotator = make_user()
-    for n, item in enumerate(round1.items.all()):
-        Judgment.objects.create(project=project, item=item, annotator=annotator, choice="AB"[n % 2])
+    label_first_round(project, base, loop_settings)
 
     state = loop_advance(project=project, settings=loop_settings, sync=True)
 

@@ -15,6 +15,7 @@ import pytest
 
 from annotation.simulation import PRESETS, decide
 from benchmarks.loop_bench import GUARD_SETTINGS
+from tests.training.conftest import label_first_round
 from training import demo
 
 TINY = {
@@ -49,41 +50,21 @@ def test_guards_on_is_the_loops_defaults():
 def test_the_guard_settings_reach_the_runs_the_loop_starts(
     guards, settings, tmp_path, tiny_policy_dir
 ):
-    from annotation.imports import content_hash
-    from annotation.models import Judgment, Prompt
-    from tests.factories import make_project, make_user
+    from tests.factories import add_pool_prompts, make_project
     from training import alarms
     from training.loop import loop_advance
     from training.loop.settings import GATE_DEFAULTS, PPO_DEFAULTS
     from training.models import ModelVersion, TrainingRun
-    from training.rounds import generate_round_now
 
     # given an rm_ppo project with a labelled round and the benchmark's settings for `guards`
     settings.ARTIFACT_ROOT = tmp_path / "artifacts"
     project = make_project(overlap=1)
-    for split, count in (("train", 40), ("eval", 4)):
-        for i in range(count):
-            text = f"What is {i % 10} + {(i + 3) % 10}? ({split} {i})"
-            Prompt.objects.create(
-                project=project,
-                text=text,
-                content_hash=content_hash(text),
-                in_pool=True,
-                split=split,
-            )
+    add_pool_prompts(project, train=40, eval=4)
     base = ModelVersion.objects.create(
         name=f"tiny-base-bench-{guards}", artifact_path=str(tiny_policy_dir), project=project
     )
     loop_settings = loop_settings_for(guards)
-    round1 = generate_round_now(
-        project_id=project.pk,
-        model_version_id=base.pk,
-        source_key="round-1",
-        settings=loop_settings.to_dict(),
-    )
-    annotator = make_user()
-    for n, item in enumerate(round1.items.all()):
-        Judgment.objects.create(project=project, item=item, annotator=annotator, choice="AB"[n % 2])
+    label_first_round(project, base, loop_settings)
 
     # when one iteration runs
     state = loop_advance(project=project, settings=loop_settings, sync=True)

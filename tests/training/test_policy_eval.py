@@ -6,10 +6,9 @@ import shutil
 
 import pytest
 
-from annotation.imports import content_hash
 from annotation.models import Prompt
 from evaluation.stats.textstats import text_stats
-from tests.factories import make_project, make_round
+from tests.factories import add_pool_prompts, make_project, make_round
 from training.loop.settings import LoopSettings
 from training.models import ModelVersion, PolicyEvaluation, TrainingRun
 from training.policy_eval import (
@@ -43,16 +42,7 @@ def _perturbed_copy(source, folder):
 
 def _project_with_pool(n_train=4, n_eval=N_EVAL):
     project = make_project(rubric="Correct sums win; be brief.")
-    for split, count in (("train", n_train), ("eval", n_eval)):
-        for i in range(count):
-            text = f"What is {i} + {i + 3}? ({split})"
-            Prompt.objects.create(
-                project=project,
-                text=text,
-                content_hash=content_hash(text),
-                in_pool=True,
-                split=split,
-            )
+    add_pool_prompts(project, train=n_train, eval=n_eval)
     return project
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training.conftest import arithmetic_rows, read_metrics
+from tests.training.conftest import arithmetic_rows, label_first_round, read_metrics
 from training.trainers import ppo
 from training.trainers import ppo_core as core
 from training.trainers.common import ConfigError
@@ -377,27 +377,15 @@ def test_a_judge_needs_held_out_prompts(
 def test_the_loop_gives_ppo_the_reward_models_frozen_calibration_and_the_gates_kl_budget(
     settings, tmp_path, tiny_policy_dir
 ):
-    from annotation.imports import content_hash
-    from annotation.models import Judgment, Prompt
-    from tests.factories import make_project, make_user
+    from tests.factories import add_pool_prompts, make_project
     from training.loop import loop_advance
     from training.loop.settings import LoopSettings
     from training.models import ModelVersion, TrainingRun
-    from training.rounds import generate_round_now
 
     # given a project whose loop learns by reward model then PPO, with a gate budget of 15 nats
     settings.ARTIFACT_ROOT = tmp_path / "artifacts"
     project = make_project(overlap=1)
-    for split, count in (("train", 40), ("eval", 4)):
-        for i in range(count):
-            text = f"What is {i} + {i + 3}? ({split})"
-            Prompt.objects.create(
-                project=project,
-                text=text,
-                content_hash=content_hash(text),
-                in_pool=True,
-                split=split,
-            )
+    add_pool_prompts(project, train=40, eval=4)
     base = ModelVersion.objects.create(
         name=f"tiny-base-guards-{project.pk}", artifact_path=str(tiny_policy_dir), project=project
     )
@@ -410,15 +398,7 @@ def test_the_loop_gives_ppo_the_reward_models_frozen_calibration_and_the_gates_k
         evaluation={"n_prompts": 4},
         gate={"kl_budget": 15.0, "min_rm_accuracy": 0.0},
     )
-    round1 = generate_round_now(
-        project_id=project.pk,
-        model_version_id=base.pk,
-        source_key="round-1",
-        settings=loop_settings.to_dict(),
-    )
-    annotator = make_user()
-    for n, item in enumerate(round1.items.all()):
-        Judgment.objects.create(project=project, item=item, annotator=annotator, choice="AB"[n % 2])
+    label_first_round(project, base, loop_settings)
 
     # when one iteration runs
     state = loop_advance(project=project, settings=loop_settings, sync=True)
