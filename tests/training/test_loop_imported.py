@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from annotation.imports import content_hash, items_import
-from annotation.models import Judgment, Prompt, Round
-from tests.factories import make_project, make_user
+from annotation.imports import items_import
+from annotation.models import Judgment, Round
+from tests.factories import add_pool_prompts, make_project, make_user
 from training.loop import loop_advance
 from training.loop.gate import policy_promote
 from training.loop.settings import LoopSettings
@@ -35,15 +35,7 @@ def _imported_round(project) -> Round:
     annotator = make_user()
     for item in round_.items.all():
         Judgment.objects.create(project=project, item=item, annotator=annotator, choice="A")
-    for i in range(10):
-        text = f"How much is {i} times 3? (pool)"
-        Prompt.objects.create(
-            project=project,
-            text=text,
-            content_hash=content_hash(text),
-            in_pool=True,
-            split="eval" if i >= 8 else "train",
-        )
+    add_pool_prompts(project, train=8, eval=2)
     return round_
 
 
