@@ -265,6 +265,9 @@ out["naive_advantages"] = float(
 )
 with open(f"{sys.argv[1]}/rank{accelerator.process_index}.json", "w") as f:
     json.dump(out, f)
+# leave the gloo group before exit: a live group's threads can abort the interpreter's exit
+# ("terminate called without an active exception", SIGABRT)
+accelerator.end_training()
 """
 
 
@@ -298,7 +301,7 @@ def test_ppo_statistics_over_two_processes_equal_those_of_one(settings, tmp_path
         # two processes importing torch and transformers on two loaded cores
         timeout=900,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-12000:]
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["world"] == 2

@@ -169,7 +169,24 @@ def main(argv: list[str] | None = None) -> int:
         _mark_failed(logger, exc)
         return EXIT_FAILURE
     print(json.dumps(metrics, default=str, sort_keys=True))
+    _leave_process_group()
     return EXIT_OK
+
+
+def _leave_process_group() -> None:
+    """Tear down torch.distributed after a finished multi-process run.
+
+    A gloo group still alive at interpreter exit can abort the process ("terminate called
+    without an active exception", SIGABRT) after its work is done, and torchrun then reports
+    the whole run as failed. Only on success: after a failure the other processes may be gone.
+    """
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
