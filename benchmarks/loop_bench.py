@@ -85,6 +85,7 @@ GUARD_SETTINGS: dict[str, dict] = {
         },
         "reward": {"ensemble_size": 1},
         "gate": {"kl_budget": None},
+        "held_out_judge": False,
     },
 }
 
@@ -367,9 +368,22 @@ def summarise(scorer: Scorer, sft: dict, versions: list[dict]) -> list[dict]:
                     if k in loop_eval
                 },
                 "guards": guard_summary(version["artifact_path"]) if round_ else {},
+                "promotion": version.get("promotion", "") if round_ else "base",
             }
         )
+    # The policy the loop serves after each round: its last promoted one (SFT before any);
+    # the next round is generated from it and the next policy trained from it.
+    serving = 0
+    for row in rows:
+        if row["promotion"] == "promoted":
+            serving = row["after_round"]
+        row["serving"] = serving
     return rows
+
+
+def served(rows: list[dict], round_: int) -> dict:
+    """Return the row of the policy the loop serves after ``round_``."""
+    return rows[rows[round_]["serving"]]
 
 
 def run_label(guards: str, hackable: bool) -> str:
@@ -473,8 +487,10 @@ def summary_over_seeds(runs: dict, args) -> dict:
     for name, per_seed in runs.items():
         rows = [result["rows"] for result in per_seed.values()]
         rounds = min(len(r) for r in rows)
-        means = [float(np.mean([r[i]["true_reward"] for r in rows])) for i in range(rounds)]
-        last = [r[rounds - 1] for r in rows]
+        trained = [float(np.mean([r[i]["true_reward"] for r in rows])) for i in range(rounds)]
+        # The criteria judge the policy the loop serves after each round (see `served`).
+        means = [float(np.mean([served(r, i)["true_reward"] for r in rows])) for i in range(rounds)]
+        last = [served(r, rounds - 1) for r in rows]
         fired = {
             seed: [
                 f"run {run['run']} ({run['recipe']}): {alarm['kind']}"
@@ -486,6 +502,10 @@ def summary_over_seeds(runs: dict, args) -> dict:
         out[name] = {
             "seeds": list(per_seed),
             "mean_true_reward_by_round": means,
+            "mean_true_reward_trained_by_round": trained,
+            "mean_gain_vs_sft_trained": float(
+                np.mean([r[rounds - 1]["diff_vs_sft"] for r in rows])
+            ),
             "mean_gain_vs_sft": float(np.mean([row["diff_vs_sft"] for row in last])),
             "beats_sft_every_seed": all(row["diff_ci95"][0] > 0 for row in last),
             "last_not_below_round_1": rounds > 1 and means[-1] >= means[1],
@@ -509,7 +529,8 @@ def print_path(path: str, result: dict, args) -> None:
     )
     print(
         f"{'after round':>11} {'policy':12} {'reward':>7} {'CI95':>17} {'vs SFT':>7} "
-        f"{'paired CI95':>17} {'acc':>5} {'rude':>5} {'polite':>6} {'loop eval':>9}"
+        f"{'paired CI95':>17} {'acc':>5} {'rude':>5} {'polite':>6} {'loop eval':>9} "
+        f"{'gate':>8} {'serves':>6}"
     )
     for row in result["rows"]:
         low, high = row["ci95"]
@@ -520,8 +541,12 @@ def print_path(path: str, result: dict, args) -> None:
             f"[{low:+.3f}, {high:+.3f}] {row['diff_vs_sft']:+7.3f} [{d_low:+.3f}, {d_high:+.3f}] "
             f"{row['accuracy']:5.2f} {row['rude']:5.2f} {row['polite']:6.2f} "
             + (f"{loop_eval:+9.3f}" if loop_eval is not None else f"{'-':>9}")
+            + f" {row['promotion'] or '-':>8} {row['serving']:>6}"
         )
-    print("  (loop eval: the loop's own score, 2 answers per question, stored on the version)")
+    print(
+        "  (loop eval: the loop's own score, 2 answers per question, stored on the version; "
+        "serves: the round whose policy the loop serves after this one)"
+    )
     print("  examples: " + " | ".join(row["example"] for row in result["rows"]))
     # SFT and round 1 come from base/ (reused here, so the demo printed ~0 s for them).
     stages = {k: v for k, v in result["timings_s"].items() if k not in ("sft", "generate_r1")}
@@ -548,19 +573,30 @@ def print_path(path: str, result: dict, args) -> None:
 
 
 def print_summary(results: dict, args) -> None:
-    print(f"\nsummary over seeds {args.seeds}: round-{args.rounds} policy minus SFT (paired)")
+    print(
+        f"\nsummary over seeds {args.seeds}: the policy served after round {args.rounds} minus "
+        f"SFT (paired), and the round-{args.rounds} policy trained"
+    )
     for name, per_seed in results["runs"].items():
         for seed, result in per_seed.items():
-            last = result["rows"][-1]
-            low, high = last["diff_ci95"]
-            verdict = "improves" if low > 0 else "no clear improvement"
-            print(
-                f"  {name:22} seed {seed}: {last['diff_vs_sft']:+.3f} [{low:+.3f}, {high:+.3f}]"
-                f"  {verdict}"
-            )
+            for label, row in (
+                ("served ", served(result["rows"], -1)),
+                ("trained", result["rows"][-1]),
+            ):
+                low, high = row["diff_ci95"]
+                verdict = "improves" if low > 0 else "no clear improvement"
+                print(
+                    f"  {name:22} seed {seed} {label} (round {row['after_round']}): "
+                    f"{row['diff_vs_sft']:+.3f} [{low:+.3f}, {high:+.3f}]  {verdict}"
+                )
     for name, summary in results["summary"].items():
         means = ", ".join(f"{m:+.3f}" for m in summary["mean_true_reward_by_round"])
-        print(f"  {name}: mean true reward SFT, rounds 1-{args.rounds}: {means}")
+        trained = ", ".join(f"{m:+.3f}" for m in summary["mean_true_reward_trained_by_round"])
+        print(f"  {name}: mean true reward SFT, rounds 1-{args.rounds}: served {means}")
+        print(
+            f"    trained {trained}; mean gain of the trained round-{args.rounds} policy "
+            f"{summary['mean_gain_vs_sft_trained']:+.3f}"
+        )
         print(
             f"    mean gain vs SFT {summary['mean_gain_vs_sft']:+.3f}; beats SFT on every seed: "
             f"{summary['beats_sft_every_seed']}; last round not below round 1: "

@@ -467,6 +467,24 @@ def _nth(kl: dict, i: int) -> float | None:
     return values[i] if values else None
 
 
+def _held_out_judge(*, project: Project, policy: ModelVersion) -> ModelVersion | None:
+    """Return the held-out judge reward model the policy's run named, if any."""
+    path = (
+        (policy.training_run.config or {}).get("judge_reward_model_path")
+        if (policy.training_run_id)
+        else None
+    )
+    if not path:
+        return None
+    return (
+        ModelVersion.objects.filter(
+            kind=ModelVersion.Kind.REWARD, training_run__project=project, artifact_path=path
+        )
+        .order_by("-id")
+        .first()
+    )
+
+
 def _judges(
     *, project: Project, settings: LoopSettings, prompts: list[EvalPrompt], policy: ModelVersion
 ) -> list[tuple[str, str, Any]]:
@@ -481,7 +499,11 @@ def _judges(
         if (policy.training_run_id)
         else None
     )
-    for rm in reward_models_newest(project=project, limit=count) if count else []:
+    reward_models = reward_models_newest(project=project, limit=count) if count else []
+    judge = _held_out_judge(project=project, policy=policy)
+    if judge is not None and judge.pk not in {rm.pk for rm in reward_models}:
+        reward_models.append(judge)  # the iteration's held-out judge is always asked
+    for rm in reward_models:
         # A policy optimised against this reward model is judged by it too, but that verdict
         # is biased in the policy's favour (reward over-optimisation, Gao et al. 2023
         # "Scaling Laws for Reward Model Overoptimization"): it is marked so.

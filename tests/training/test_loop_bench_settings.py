@@ -37,6 +37,7 @@ def loop_settings_for(guards: str):
             "generation": {"temperature": 1.0, "max_new_tokens": 6},
             "evaluation": {"n_prompts": 4},
             **{key: {**TINY[key], **overrides.get(key, {})} for key in TINY},
+            **{key: value for key, value in overrides.items() if key not in TINY},
         }
     )
 
@@ -71,21 +72,36 @@ def test_the_guard_settings_reach_the_runs_the_loop_starts(
 
     # then the reward model and PPO runs carry the guards as set
     assert {s.name: s.status for s in state.steps}["ppo"] == "done", state.steps
-    reward_run = TrainingRun.objects.get(project=project, recipe="reward")
+    reward_runs = {
+        r.config.get("train_on", "train"): r
+        for r in TrainingRun.objects.filter(project=project, recipe="reward")
+    }
+    reward_run = reward_runs["train"]
     run = TrainingRun.objects.get(project=project, recipe="ppo")
     recorded = json.loads((Path(run.output_dir) / "run.json").read_text())
-    reward = ModelVersion.objects.get(kind="reward", training_run__project=project)
+    reward = ModelVersion.objects.get(training_run=reward_run)
+    assert run.config["reward_model_path"] == reward.artifact_path
     assert reward.eval_results["calibration"]["normalisation"]  # frozen either way
     assert reward_run.config.get("ensemble_size", 1) == 1
-    assert not run.config.get("judge_reward_model_path")
     assert not run.config.get("ptx_coef")
     if guards == "on":
+        # a judge learnt from the held-out labels, PPO early-stops on it, the gate counts it
+        judge = ModelVersion.objects.get(training_run=reward_runs["held_out"])
+        assert run.config["judge_reward_model_path"] == judge.artifact_path
+        assert recorded["guards"]["judge_scores"][0][0] == 0
+        policy = ModelVersion.objects.get(training_run=run)
+        criterion = policy.gate["criteria"][
+            f"win_rate_ci_low[reward model {judge.pk} ({judge.name})]"
+        ]
+        assert criterion["passed"] is not None  # counted, unlike the trained-against model's
         assert run.config["reward_calibration"]["model_version_id"] == reward.pk
         assert recorded["reward_normalisation"]["kind"] == "frozen"
         assert run.config["kl_budget"] == GATE_DEFAULTS["kl_budget"]
         assert recorded["guards"]["last_kl"] is not None  # the budget was checked
         assert run.config["uncertainty_coef"] == PPO_DEFAULTS["uncertainty_coef"]
     else:
+        assert set(reward_runs) == {"train"}
+        assert not run.config.get("judge_reward_model_path")
         assert run.config["reward_calibration"] == {}
         assert (recorded.get("reward_normalisation") or {}).get("kind") != "frozen"
         assert run.config["kl_budget"] is None

@@ -207,17 +207,21 @@ def gate_criteria(*, policy: ModelVersion, settings) -> dict[str, dict]:
 
 
 def _iteration_reward_model(policy: ModelVersion) -> ModelVersion | None:
-    """Return the reward model trained on the same dataset version as the policy, if any."""
+    """Return the reward model the policy was trained against (the one trained on the same
+    dataset version when the run names none), if any; never the iteration's held-out judge."""
     run = policy.training_run
     if run is None or run.dataset_version_id is None:
         return None
-    return (
-        ModelVersion.objects.filter(
-            kind=ModelVersion.Kind.REWARD, training_run__dataset_version_id=run.dataset_version_id
-        )
-        .order_by("-created_at", "-pk")
-        .first()
-    )
+    candidates = ModelVersion.objects.filter(
+        kind=ModelVersion.Kind.REWARD, training_run__dataset_version_id=run.dataset_version_id
+    ).order_by("-created_at", "-pk")
+    trained_against = (run.config or {}).get("reward_model_path")
+    if trained_against:
+        named = candidates.filter(artifact_path=trained_against).first()
+        if named is not None:
+            return named
+    judge = (run.config or {}).get("judge_reward_model_path")
+    return candidates.exclude(artifact_path=judge).first() if judge else candidates.first()
 
 
 def policy_gate(*, policy: ModelVersion, settings, evaluation_error: str = "") -> ModelVersion:

@@ -62,6 +62,14 @@ class LoopSettings:
     dpo: dict = field(default_factory=dict, metadata={"help": "DPO recipe overrides."})
     reward: dict = field(default_factory=dict, metadata={"help": "Reward recipe overrides."})
     ppo: dict = field(default_factory=dict, metadata={"help": "PPO recipe overrides."})
+    held_out_judge: bool = field(
+        default=True,
+        metadata={
+            "help": "rm_ppo: also train a judge reward model on the labels the policy's reward "
+            "model does not see (the export's validation and test splits). PPO keeps its "
+            "best-judged checkpoint and the gate counts the judge's verdict."
+        },
+    )
     evaluation: dict = field(
         default_factory=dict,
         metadata={"help": "Evaluation of each new policy; keys and defaults: EVALUATION_DEFAULTS."},
@@ -146,8 +154,8 @@ PPO_DEFAULTS: dict[str, Any] = {
     # Guards against reward hacking (training.trainers.ppo_guards). The loop also passes the
     # reward model's frozen calibration and the gate's kl_budget. With a seed ensemble
     # (reward.ensemble_size > 1) PPO trains on mean - 1 std of the members (Coste et al.
-    # 2024); PPO-ptx (ptx_coef) and the held-out judge (judge_reward_model_id) are a
-    # project's choice, off here. The frozen calibration made the demo's scores ~1.27x the
+    # 2024); PPO-ptx (ptx_coef) is a project's choice, off here; the held-out judge is the
+    # loop's `held_out_judge` (on). The frozen calibration made the demo's scores ~1.27x the
     # raw ones (T 0.71, std 1.11), and at kl_coef 0.1 PPO on one round's reward model and
     # data reached true reward -0.52 (seeds 0-2: -0.508, -0.524, -0.527) against -0.44 on
     # raw scores (-0.367, -0.493, -0.465); SFT -0.572. Adam's steps do not depend on the

@@ -221,13 +221,19 @@ def _dataset(round_: Round, settings: LoopSettings, key: str):
     return version, "started"
 
 
-def _run_for(project, dataset_version, recipe: str) -> TrainingRun | None:
-    return (
-        TrainingRun.objects.filter(project=project, dataset_version=dataset_version, recipe=recipe)
-        .exclude(status__in=[TrainingRun.Status.FAILED, TrainingRun.Status.CANCELLED])
-        .order_by("-id")
-        .first()
-    )
+def _runs_of(project, dataset_version, recipe: str, train_on: str):
+    """Return the iteration's runs of `recipe` (newest first); for the reward recipe, those
+    learning from `train_on` ('train': the policy's reward model, 'held_out': its judge)."""
+    runs = TrainingRun.objects.filter(
+        project=project, dataset_version=dataset_version, recipe=recipe
+    ).order_by("-id")
+    return [r for r in runs if (r.config or {}).get("train_on", "train") == train_on]
+
+
+def _run_for(project, dataset_version, recipe: str, train_on: str = "train") -> TrainingRun | None:
+    skip = (TrainingRun.Status.FAILED, TrainingRun.Status.CANCELLED)
+    runs = _runs_of(project, dataset_version, recipe, train_on)
+    return next((r for r in runs if r.status not in skip), None)
 
 
 def _train(
@@ -244,20 +250,14 @@ def _train(
     from training import services as training_services
     from training import supervisor as training_supervisor
 
-    run = _run_for(project, dataset_version, recipe)
+    train_on = config.get("train_on", "train")
+    step = "judge" if train_on == "held_out" else recipe
+    run = _run_for(project, dataset_version, recipe, train_on)
     if run is None:
-        failed = (
-            TrainingRun.objects.filter(
-                project=project,
-                dataset_version=dataset_version,
-                recipe=recipe,
-                status=TrainingRun.Status.FAILED,
-            )
-            .order_by("-id")
-            .first()
-        )
+        runs = _runs_of(project, dataset_version, recipe, train_on)
+        failed = next((r for r in runs if r.status == TrainingRun.Status.FAILED), None)
         if failed is not None and not sync:
-            state.add(recipe, "failed", f"run {failed.pk}: {failed.error[-300:]}")
+            state.add(step, "failed", f"run {failed.pk}: {failed.error[-300:]}")
             return None
         run = training_services.training_run_create(
             recipe=recipe,
@@ -268,17 +268,17 @@ def _train(
             enqueue=not sync,
         )
     if run.status == TrainingRun.Status.SUCCEEDED:
-        state.add(recipe, "done", f"run {run.pk}")
+        state.add(step, "done", f"run {run.pk}")
         return run
     if sync:
         run = training_supervisor.training_run_execute(run_id=run.pk)
         if run is None or run.status != TrainingRun.Status.SUCCEEDED:
             error = run.error[-500:] if run else "run vanished"
-            state.add(recipe, "failed", f"run {run.pk if run else '?'}: {error}")
+            state.add(step, "failed", f"run {run.pk if run else '?'}: {error}")
             return None
-        state.add(recipe, "done", f"run {run.pk}")
+        state.add(step, "done", f"run {run.pk}")
         return run
-    state.add(recipe, "waiting", f"run {run.pk} is {run.status}")
+    state.add(step, "waiting", f"run {run.pk} is {run.status}")
     return None
 
 
@@ -375,6 +375,21 @@ def _train_policy(
             "seed": settings.seed,
             "model_name_or_path": settings.reward.get("model_name_or_path") or parent.artifact_path,
         }
+        judge = None
+        if settings.held_out_judge:
+            # Trained first, so the policy's reward model stays the project's newest.
+            judge_run = _train(
+                recipe="reward",
+                config={**rm_config, "train_on": "held_out", "ensemble_size": 1},
+                project=project,
+                dataset_version=dataset,
+                base_model=None,
+                sync=sync,
+                state=state,
+            )
+            if judge_run is None:
+                return None
+            judge = judge_run.model_version
         rm_run = _train(
             recipe="reward",
             config=rm_config,
@@ -400,6 +415,8 @@ def _train_policy(
             # The gate's budget is the one KL budget: PPO stops before it is spent.
             "kl_budget": kl_budget(settings=settings),
         }
+        if judge is not None and "judge_reward_model_path" not in settings.ppo:
+            ppo_config["judge_reward_model_path"] = judge.artifact_path
         calibration = reward_calibration(reward_model.eval_results)
         # An explicit ppo.reward_calibration (e.g. {} for raw scores) overrides the frozen one.
         if calibration is not None and "reward_calibration" not in settings.ppo:

@@ -26,6 +26,7 @@ RECIPE = "reward"
 PREPROCESSING_FILE = "prefloop_reward.json"
 OVERLONG_CHOICES = ("truncate_left", "drop")
 TIES_CHOICES = ("soft", "drop")
+TRAIN_ON_CHOICES = ("train", "held_out")
 ENSEMBLE_FILE = "prefloop_ensemble.json"
 MEMBERS_DIR = "members"
 MAX_ENSEMBLE = 8
@@ -89,6 +90,16 @@ class Config(BaseRecipeConfig):
             "mean std on the validation split is saved in prefloop_ensemble.json."
         },
     )
+    train_on: str = field(
+        default="train",
+        metadata={
+            "help": "'train' learns from the train split and validates on validation. "
+            "'held_out' learns from the validation and test splits and validates on train: a "
+            "judge for a policy optimised against the train split's reward model, whose "
+            "verdicts the optimisation has not bent (Gao et al. 2023).",
+            "choices": TRAIN_ON_CHOICES,
+        },
+    )
     center_rewards_coefficient: float | None = field(
         default=None,
         metadata={
@@ -125,6 +136,8 @@ class Config(BaseRecipeConfig):
             raise ConfigError(f"ties must be one of {TIES_CHOICES}, got {self.ties!r}")
         if not self.tie_weight >= 0:
             raise ConfigError("tie_weight must be a number >= 0")
+        if self.train_on not in TRAIN_ON_CHOICES:
+            raise ConfigError(f"train_on must be one of {TRAIN_ON_CHOICES}, got {self.train_on!r}")
         if not 1 <= self.ensemble_size <= MAX_ENSEMBLE:
             raise ConfigError(f"ensemble_size must be between 1 and {MAX_ENSEMBLE}")
 
@@ -583,6 +596,8 @@ def train(
         keep_first=leading_special_count(tokenizer),
     )
     splits = load_preferences(dataset_dir)
+    if config.train_on == "held_out":
+        splits = held_out_splits(splits)
     prepared, counts = {}, {}
     for name, dataset in splits.items():
         prepared[name], counts[name] = tokenize_pairs(
@@ -623,6 +638,23 @@ def train(
         if member_dirs:
             _save_ensemble(config, final_dir, member_dirs, tokenizer, prepared, metrics)
     return metrics
+
+
+def held_out_splits(splits):
+    """Return the snapshot's validation + test pairs as train, and its train pairs as validation."""
+    from datasets import concatenate_datasets
+
+    from training.trainers.data import Splits
+
+    held_out = [d for d in (splits.validation, splits.test) if d is not None and len(d)]
+    if not held_out:
+        raise ConfigError("train_on 'held_out' needs validation or test pairs in the snapshot")
+    return Splits(
+        kind=splits.kind,
+        train=concatenate_datasets(held_out),
+        validation=splits.train,
+        dropped=splits.dropped,
+    )
 
 
 def _train_member(config, index, model_path, tokenizer, prepared, output_dir, logger) -> Path:

@@ -156,6 +156,7 @@ class Command(BaseCommand):
                 "name": version.name,
                 "kind": version.kind,
                 "status": version.status,
+                "promotion": version.promotion,
                 "source": version.source,
                 "artifact_path": version.artifact_path,
                 "lineage": lineage,
