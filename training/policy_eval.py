@@ -508,23 +508,27 @@ def _judges(
         # is biased in the policy's favour (reward over-optimisation, Gao et al. 2023
         # "Scaling Laws for Reward Model Overoptimization"): it is marked so.
         optimised = bool(trained_against) and trained_against == rm.artifact_path
+        held_out = judge is not None and rm.pk == judge.pk
         judges.append(
             (
                 JudgeKind.REWARD_MODEL,
                 f"reward model {rm.pk} ({rm.name})",
-                lambda new, old, rm=rm, optimised=optimised: _marked(
+                lambda new, old, rm=rm, optimised=optimised, held_out=held_out: _marked(
                     reward_model_outcomes(reward_model=rm, prompts=prompts_of, new=new, old=old),
                     optimised_against=optimised,
+                    held_out_judge=held_out,
                 ),
             )
         )
-    judge = llm_judge_for(project=project, settings=settings)
-    if judge is not None:
+    llm_judge = llm_judge_for(project=project, settings=settings)
+    if llm_judge is not None:
         judges.append(
             (
                 JudgeKind.LLM,
-                f"LLM judge {judge.name}",
-                lambda new, old: llm_outcomes(judge=judge, prompts=prompts_of, new=new, old=old),
+                f"LLM judge {llm_judge.name}",
+                lambda new, old: llm_outcomes(
+                    judge=llm_judge, prompts=prompts_of, new=new, old=old
+                ),
             )
         )
     if settings.prompt_source == "demo":

@@ -317,6 +317,8 @@ def test_an_rm_ppo_iteration_scores_its_reward_model_on_the_test_split_and_freez
         evaluation={"n_prompts": 4},
         # Only the criteria this test is about: an untrained policy's lengths vary freely.
         gate={"kl_budget": None, "max_length_ratio": None, "min_rm_accuracy": 0.0},
+        # No held-out judge: its verdict on an untrained policy would decide the promotion.
+        held_out_judge=False,
     )
     label_first_round(project, base, loop_settings)
 

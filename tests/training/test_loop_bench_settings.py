@@ -91,7 +91,7 @@ def test_the_guard_settings_reach_the_runs_the_loop_starts(
         assert recorded["guards"]["judge_scores"][0][0] == 0
         policy = ModelVersion.objects.get(training_run=run)
         criterion = policy.gate["criteria"][
-            f"win_rate_ci_low[reward model {judge.pk} ({judge.name})]"
+            f"not_worse[reward model {judge.pk} ({judge.name})]"
         ]
         assert criterion["passed"] is not None  # counted, unlike the trained-against model's
         assert run.config["reward_calibration"]["model_version_id"] == reward.pk

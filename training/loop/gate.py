@@ -150,6 +150,20 @@ def gate_criteria(*, policy: ModelVersion, settings) -> dict[str, dict]:
         policy=policy, opponent_id=previous_id, judge_kind__in=gate["win_rate_judges"]
     ).order_by("judge_kind", "judge")
     for verdict in verdicts:
+        if verdict.details.get("held_out_judge"):
+            # The loop's held-out judge: a non-inferiority check (see GATE_DEFAULTS).
+            criteria[f"not_worse[{verdict.judge}]"] = {
+                **_criterion(
+                    verdict.ci_high,
+                    gate["held_out_judge_min_win_rate_ci_high"],
+                    at_most=False,
+                    note="no decisive verdict",
+                ),
+                "judge_kind": verdict.judge_kind,
+                "opponent": previous_id,
+                "win_rate": verdict.win_rate,
+            }
+            continue
         if verdict.details.get("optimised_against"):
             # The policy was trained to please this judge: its verdict is reported only.
             criterion = {

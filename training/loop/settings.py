@@ -191,6 +191,11 @@ GATE_DEFAULTS: dict[str, Any] = {
     "min_win_rate_ci_low": 0.5,
     # The demo's programmatic reward stays a report: the gate does not read it by default.
     "win_rate_judges": ["reward_model", "llm", "human"],
+    # The loop's held-out judge (`LoopSettings.held_out_judge`) learns from a fifth of the
+    # labels, so it is weaker than the reward model PPO chased and is asked a weaker question:
+    # is the new policy clearly worse than the previous promoted one? The upper end of its 95%
+    # CI of the win rate must reach this (a non-inferiority check; None: report only).
+    "held_out_judge_min_win_rate_ci_high": 0.5,
     # Sequence-level KL (nats) of the new policy to its reference (its parent). A generous
     # default: a project should set its own.
     "kl_budget": 20.0,
@@ -249,7 +254,13 @@ def evaluation_settings_check(values: Any) -> dict[str, Any]:
 def gate_settings_check(values: Any) -> dict[str, Any]:
     """Return the gate criteria with defaults filled in; raise ValueError naming a key."""
     merged = _merged(values, GATE_DEFAULTS, "gate")
-    for key in ("min_win_rate_ci_low", "kl_budget", "max_length_ratio", "min_rm_accuracy"):
+    for key in (
+        "min_win_rate_ci_low",
+        "held_out_judge_min_win_rate_ci_high",
+        "kl_budget",
+        "max_length_ratio",
+        "min_rm_accuracy",
+    ):
         _number_or_none(merged, key, "gate")
     judges = merged["win_rate_judges"]
     if not isinstance(judges, list) or not set(judges) <= set(JUDGE_KINDS):
