@@ -185,6 +185,44 @@ def test_gate_keeps_a_failing_policy_unpromoted_and_rounds_stay_on_the_last_prom
     assert policy_current(project=project) == new
 
 
+@pytest.mark.parametrize(
+    ("ci_low", "ci_high", "promotion"), [(0.3, 0.55, "promoted"), (0.2, 0.45, "rejected")]
+)
+def test_the_held_out_judge_rejects_only_a_clearly_worse_policy(ci_low, ci_high, promotion):
+    from training.loop.gate import policy_gate
+    from training.models import PolicyEvaluation
+
+    # given a new policy that the loop's held-out judge finds not better (CI low under 0.5)
+    project, base, new = _project_with_policies()
+    staff = make_user(staff=True)
+    policy_promote(version=base, user=staff, reason="the base reads well")
+    _evaluated(new, base, ci_low=0.6, kl=1.0, length_ratio=1.0)
+    PolicyEvaluation.objects.create(
+        policy=new,
+        opponent=base,
+        judge_kind="reward_model",
+        judge="reward model 9 (judge)",
+        wins=12,
+        ties=2,
+        losses=18,
+        win_rate=0.4,
+        ci_low=ci_low,
+        ci_high=ci_high,
+        n_prompts=32,
+        details={"held_out_judge": True},
+    )
+
+    # when the gate judges it
+    decided = policy_gate(policy=new, settings=_loop_settings(kl_budget=5.0))
+
+    # then the judge's verdict counts as a non-inferiority check on its CI's upper end
+    criterion = decided.gate["criteria"]["not_worse[reward model 9 (judge)]"]
+    assert criterion["value"] == ci_high and criterion["threshold"] == 0.5
+    assert criterion["passed"] is (promotion == "promoted")
+    assert decided.promotion == promotion
+    assert policy_current(project=project) == (new if promotion == "promoted" else base)
+
+
 def test_gate_without_a_judge_or_kl_reports_them_and_a_failed_evaluation_is_not_promoted():
     from training.loop.gate import kl_budget, policy_gate
 
