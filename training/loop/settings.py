@@ -122,6 +122,8 @@ DPO_DEFAULTS = {
     "logging_steps": 10,
 }
 REWARD_DEFAULTS = {
+    # A seed ensemble: PPO trains on the members' mean minus uncertainty_coef x their std.
+    "ensemble_size": 3,
     "learning_rate": 1e-3,
     "num_train_epochs": 3,
     "per_device_train_batch_size": 16,

@@ -23,6 +23,7 @@ from training.loop import control
 from training.models import ModelVersion, TrainingRun
 
 PROJECT_NAME = "Arithmetic demo"
+DEMO_PPO_KL_BUDGET = 2.0  # nats per round (see handle)
 RUBRIC = (
     "Pick the answer that is correct first, then polite and short.\n"
     "- A wrong number is always worse than a right one.\n"
@@ -91,6 +92,13 @@ class Command(BaseCommand):
         admin_pw, annotator_pw = self._users()
         project = self._project()
         # The demo's own settings, all explicit: arithmetic prompts, simulated labels counted.
+        overrides = dict(opts["loop_settings"])
+        if opts["path"] == "rm_ppo":
+            # PPO spends the gate's KL budget, and the demo's answers are one short sentence:
+            # its PPO rounds that kept their accuracy moved 0.2-1.8 nats from their parent,
+            # those that lost it 3.2-4.6 (benchmarks/loop_bench.py). So the demo project sets
+            # its own budget instead of the gate's generous default.
+            overrides["gate"] = {"kl_budget": DEMO_PPO_KL_BUDGET, **overrides.get("gate", {})}
         settings_ = loop.LoopSettings(
             path=opts["path"],
             n_prompts=opts["prompts"],
@@ -98,7 +106,7 @@ class Command(BaseCommand):
             min_new_judgments=0,
             prompt_source="demo",
             sources=[LabelSource.HUMAN.value, LabelSource.SIMULATED.value],
-            **opts["loop_settings"],
+            **overrides,
         )
         # Stored on the project's loop, so the console's loop page shows them and each step.
         control.loop_update(project=project, settings=settings_.to_dict())
