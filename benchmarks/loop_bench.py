@@ -116,6 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="simulated annotators prefer a polite opener only (demo --labels polite_only)",
     )
+    parser.add_argument(
+        "--loop-settings",
+        type=json.loads,
+        default={},
+        help="JSON loop setting overrides applied under every guard setting's own "
+        '(e.g. \'{"ppo": {"ptx_coef": 0.5}}\')',
+    )
     parser.add_argument("--jobs", type=int, default=2, help="demos run at once")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per round (demo's)")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (demo's default)")
@@ -177,6 +184,7 @@ def run_demo(
         "--seed",
         str(seed),
     ]
+    loop_settings = merged_settings(args.loop_settings, loop_settings or {})
     if loop_settings:
         command += ["--loop-settings", json.dumps(loop_settings)]
     if args.hackable:
@@ -207,6 +215,15 @@ def run_demo(
     if failed:  # it reported its results, then failed stopping (e.g. its web server)
         print(f"  [{folder.parent.name}/{folder.name}] finished, then exited with an error")
     return timings
+
+
+def merged_settings(extra: dict, guards: dict) -> dict:
+    """Return loop setting overrides: ``extra`` under ``guards`` (dicts merged one level)."""
+    merged = {**extra}
+    for key, value in guards.items():
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = {**merged[key], **value} if both else value
+    return merged
 
 
 def logged_timings(log: Path) -> dict[str, float]:
