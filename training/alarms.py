@@ -32,6 +32,8 @@ CURVE_KEYS: dict[str, tuple[str, ...]] = {
     "chosen_logp": ("logps/chosen",),
     # a held-out judge's mean score of the policy's answers, when the recipe logs one
     "judge": ("judge/score_mean", "eval/judge_score"),
+    # its standard error over the prompts it scored: the judge's own noise
+    "judge_sem": ("judge/score_sem",),
     # reward model (TRL RewardTrainer) and SFT
     "accuracy": ("accuracy",),
     "margin": ("margin",),

@@ -26,6 +26,7 @@ METRICS = (
     "approx_kl",
     "chosen_logp",
     "judge",
+    "judge_sem",
 )
 
 
@@ -81,6 +82,13 @@ class CurveThresholds:
     )
     judge_drop: float = field(
         default=0.0, metadata={"help": "judge score under its baseline by more than this"}
+    )
+    judge_sems: float = field(
+        default=2.0,
+        metadata={
+            "help": "... and by more than this many standard errors of the baseline's judge "
+            "score (when the run logs them): a dip inside the judge's own noise is no alarm"
+        },
     )
 
 
@@ -241,11 +249,17 @@ def _judge_falling(series: dict[str, Series], t: CurveThresholds) -> list[Alarm]
     if not np.isfinite(head).any():
         return []
     baseline = float(np.mean(head[np.isfinite(head)]))
+    drop = t.judge_drop
+    sem = series.get("judge_sem")
+    if sem is not None:
+        sem_head = sem.raw[: t.baseline_points]
+        if np.isfinite(sem_head).any():
+            drop = max(drop, t.judge_sems * float(np.mean(sem_head[np.isfinite(sem_head)])))
     for i, step in enumerate(judge.steps):
         value = judge.smoothed[i]
         if i + 1 < t.baseline_points or not math.isfinite(value):
             continue
-        if value >= baseline - t.judge_drop:
+        if value >= baseline - drop:
             continue
         lo = max(0, i + 1 - t.window)
         if _trend(judge.steps[lo : i + 1], judge.smoothed[lo : i + 1]) >= 0:

@@ -133,6 +133,17 @@ class TestUpdateAndPreferenceAlarms:
         assert len(fired) == 1 and fired[0].step > 300
         assert "judge_falling" not in kinds(training_alarms(rising))
 
+    def test_a_judge_dip_inside_its_own_standard_error_is_no_alarm(self):
+        # the judge falls 0.004 after step 300 while reward rises
+        def judge(s):
+            return 0.68 - (0.004 if s > 300 else 0.0)
+
+        noisy = run(reward=lambda s: s / 1000, judge=judge, judge_sem=lambda s: 0.01)
+        assert "judge_falling" not in kinds(training_alarms(noisy))
+        # the same dip is an alarm for a judge whose noise is ten times smaller
+        precise = run(reward=lambda s: s / 1000, judge=judge, judge_sem=lambda s: 0.001)
+        assert "judge_falling" in kinds(training_alarms(precise))
+
     def test_judge_falling_needs_reward_rising(self):
         flat_reward = run(reward=lambda s: 0.5, judge=lambda s: 1.0 - s / 1000)
         assert "judge_falling" not in kinds(training_alarms(flat_reward))

@@ -54,7 +54,7 @@ def test_the_guard_settings_reach_the_runs_the_loop_starts(
     from tests.factories import add_pool_prompts, make_project
     from training import alarms
     from training.loop import loop_advance
-    from training.loop.settings import GATE_DEFAULTS, PPO_DEFAULTS
+    from training.loop.settings import GATE_DEFAULTS, PPO_DEFAULTS, REWARD_DEFAULTS
     from training.models import ModelVersion, TrainingRun
 
     # given an rm_ppo project with a labelled round and the benchmark's settings for `guards`
@@ -82,17 +82,16 @@ def test_the_guard_settings_reach_the_runs_the_loop_starts(
     reward = ModelVersion.objects.get(training_run=reward_run)
     assert run.config["reward_model_path"] == reward.artifact_path
     assert reward.eval_results["calibration"]["normalisation"]  # frozen either way
-    assert reward_run.config.get("ensemble_size", 1) == 1
-    assert not run.config.get("ptx_coef")
+    ensemble = 1 if guards == "off" else REWARD_DEFAULTS.get("ensemble_size", 1)
+    assert reward_run.config.get("ensemble_size", 1) == ensemble
+    assert run.config.get("ptx_coef", 0.0) == (0.0 if guards == "off" else PPO_DEFAULTS["ptx_coef"])
     if guards == "on":
         # a judge learnt from the held-out labels, PPO early-stops on it, the gate counts it
         judge = ModelVersion.objects.get(training_run=reward_runs["held_out"])
         assert run.config["judge_reward_model_path"] == judge.artifact_path
         assert recorded["guards"]["judge_scores"][0][0] == 0
         policy = ModelVersion.objects.get(training_run=run)
-        criterion = policy.gate["criteria"][
-            f"not_worse[reward model {judge.pk} ({judge.name})]"
-        ]
+        criterion = policy.gate["criteria"][f"not_worse[reward model {judge.pk} ({judge.name})]"]
         assert criterion["passed"] is not None  # counted, unlike the trained-against model's
         assert run.config["reward_calibration"]["model_version_id"] == reward.pk
         assert recorded["reward_normalisation"]["kind"] == "frozen"

@@ -405,9 +405,9 @@ def test_the_loop_gives_ppo_the_reward_models_frozen_calibration_and_the_gates_k
 
     # then PPO trained on the reward model's frozen calibration and under the gate's budget
     assert {s.name: s.status for s in state.steps}["ppo"] == "done", state.steps
-    reward = ModelVersion.objects.get(kind="reward", training_run__project=project)
-    frozen = reward.eval_results["calibration"]["normalisation"]
     run = TrainingRun.objects.get(project=project, recipe="ppo")
+    reward = ModelVersion.objects.get(artifact_path=run.config["reward_model_path"])
+    frozen = reward.eval_results["calibration"]["normalisation"]
     assert run.config["kl_budget"] == 15.0
     expected = {
         "temperature": frozen["temperature"],

@@ -19,6 +19,8 @@ for LoRA). A resumed run starts its guards afresh. No Django here.
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,9 +201,14 @@ class PPOGuards:
             sums.append((kl * masks.action_mask[rows]).sum(dim=1))
         return float(self._gather(torch.cat(sums)).mean())
 
-    def judge_score(self) -> float:
-        """Return the held-out judge's mean score of greedy answers to the validation prompts."""
-        return float(self.evaluate(self.judge_prompt_list, reward=self.judge)["score_mean"])
+    def judge_score(self) -> tuple[float, float]:
+        """Return the held-out judge's mean score of greedy answers to the validation prompts,
+        and its standard error over the prompts (0 for a single prompt)."""
+        result = self.evaluate(self.judge_prompt_list, reward=self.judge)
+        scores = [sample["score"] for sample in result["samples"]]
+        n = len(scores)
+        sem = statistics.stdev(scores) / math.sqrt(n) if n > 1 else 0.0
+        return float(result["score_mean"]), sem
 
     def guard_boundary(self, kl_seq: float | None, *, last: bool) -> bool:
         """Apply the guards to the current weights (update boundary); return True to stop."""
@@ -219,7 +226,7 @@ class PPOGuards:
                 guard.last_ok_weights = self._weights()
         if self.judge is None or not (last or update % config.judge_every == 0):
             return False
-        score = self.judge_score()
+        score, sem = self.judge_score()
         guard.judge_scores.append((update, score))
         if guard.best_score is None or score > guard.best_score:
             guard.best_score, guard.best_update = score, update
@@ -231,6 +238,7 @@ class PPOGuards:
             update,
             {
                 "judge/score_mean": score,
+                "judge/score_sem": sem,
                 "judge/best_score": guard.best_score,
                 "judge/best_update": guard.best_update,
             },
