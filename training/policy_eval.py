@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 JudgeKind = PolicyEvaluation.JudgeKind
-TIE_TOLERANCE = 1e-9  # reward scores this close count as a tie
+# Reward scores this close count as a tie. Scores are float32: one text scored beside different
+# texts in a batch moves by ~1e-7, and two answers closer than 1e-5 are not told apart.
+TIE_TOLERANCE = 1e-5
 
 
 class EvaluationUnavailable(ServiceError):
@@ -136,7 +138,7 @@ def reward_model_outcomes(
         if chat and isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
         score_new, score_old = reward_scores(reward_model.artifact_path, prompt, [a, b])
-        outcomes.append(_outcome(score_new, score_old))
+        outcomes.append("tie" if a == b else _outcome(score_new, score_old))
         margins.append(score_new - score_old)
         scores_new.append(score_new)
         scores_old.append(score_old)

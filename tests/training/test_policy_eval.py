@@ -12,10 +12,12 @@ from tests.factories import add_pool_prompts, make_project, make_round
 from training.loop.settings import LoopSettings
 from training.models import ModelVersion, PolicyEvaluation, TrainingRun
 from training.policy_eval import (
+    TIE_TOLERANCE,
     EvaluationUnavailable,
     evaluation_prompts,
     policy_answers,
     policy_evaluate,
+    reward_model_outcomes,
     sequence_kl,
 )
 from training.scoring import reward_scores
@@ -105,7 +107,10 @@ def test_reward_model_judge_kl_and_text_statistics_are_stored(lineage):
     expected = []
     for p, a, b in zip(prompts, new, old, strict=True):
         score_a, score_b = reward_scores(reward.artifact_path, p.prompt, [a, b])
-        expected.append("tie" if score_a == score_b else ("win" if score_a > score_b else "loss"))
+        if a == b or abs(score_a - score_b) <= TIE_TOLERANCE:
+            expected.append("tie")
+        else:
+            expected.append("win" if score_a > score_b else "loss")
     assert verdict.details["outcomes"] == expected
 
     # The child moved away from its parent: KL > 0, measured on its own answers.
@@ -120,6 +125,23 @@ def test_reward_model_judge_kl_and_text_statistics_are_stored(lineage):
     # Evaluated again: one set of rows, not two.
     policy_evaluate(policy=child, project=project, settings=settings)
     assert PolicyEvaluation.objects.filter(policy=child).count() == 1
+
+
+def test_a_reward_model_judge_calls_the_same_answer_a_tie_wherever_it_sits_in_a_batch(lineage):
+    # given answers of a policy to the evaluation prompts, and the same answers again
+    project, _base, child, reward = lineage
+    settings = _settings()
+    prompts = evaluation_prompts(project=project, settings=settings)
+    answers = policy_answers(version=child, prompts=prompts, settings=settings)
+
+    # when a reward model judges them against themselves
+    outcomes, details = reward_model_outcomes(
+        reward_model=reward, prompts=prompts, new=answers, old=list(answers)
+    )
+
+    # then every prompt is a tie, whatever float32 noise their scores carry
+    assert outcomes == ["tie"] * N_EVAL
+    assert all(abs(m) <= 1e-3 for m in details["margins"])
 
 
 def test_kl_of_a_policy_against_itself_is_zero(lineage):

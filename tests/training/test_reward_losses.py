@@ -114,7 +114,8 @@ def test_tokenize_pairs_carries_soft_labels_ties_and_weights(make_snapshot, tiny
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("ties", "average"), ("tie_weight", -1.0), ("ensemble_size", 9)]
+    ("field", "value"),
+    [("ties", "average"), ("tie_weight", -1.0), ("ensemble_size", 9), ("train_on", "test")],
 )
 def test_a_bad_label_setting_is_refused_naming_its_field(tiny_reward_dir, field, value):
     config = reward.Config(model_name_or_path=str(tiny_reward_dir), **{field: value})
