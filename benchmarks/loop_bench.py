@@ -29,12 +29,49 @@ whether each criterion holds:
 Results are printed and written to ``<out>/results.json``; each demo's output is in
 ``<out>/seed<N>/<setting>/demo.log``.
 
-Issue #19's figure is not recorded yet: its first run (3 seeds, both settings, and the
-hackable setting on seed 0), niced beside a full-priority benchmark on both cores, reached only
-round-1 PPO in an hour. What it showed, seed 0, round 1: the runs carry the settings (guards on:
-kl_budget 20.0 and the frozen calibration; off: no budget, raw scores); the reward model on
-true-reward labels kept 148 train pairs, test accuracy 0.635 (30 pairs); on polite-only labels
-most pairs are ties and are dropped: 27 train pairs, test accuracy 1.000 (4 pairs).
+The criteria judge the policy the loop serves after each round: its last promoted one (the
+gate may keep a policy unpromoted; the next round then comes from, and trains on, the last
+promoted one). Both it and the last policy trained are printed.
+
+Issue #19's figure (``--path rm_ppo --seeds 0 1 2 --guards both --base <SFT folders>``, 2 CPU
+cores, load 2-4 from the benchmark itself, wall time ~10 min). True reward of the policy served
+after round 3 minus SFT, paired per held-out question [95% CI]:
+
+    guards on:  seed 0 +0.181 [+0.081, +0.287]; seed 1 +0.210 [+0.139, +0.280];
+                seed 2 +0.260 [+0.192, +0.326]; mean +0.217
+    guards off: seed 0 +0.175 [+0.054, +0.310]; seed 1 +0.119 [+0.008, +0.237];
+                seed 2 +0.079 [-0.012, +0.164]; mean +0.124
+    mean true reward, SFT then rounds 1-3: on  -0.827, -0.627, -0.601, -0.610
+                                           off -0.827, -0.629, -0.635, -0.703
+    held-out accuracy (SFT 0.29 / 0.13 / 0.17 per seed) after round 3: on 0.26 / 0.11 / 0.21,
+    off 0.28 / 0.06 / 0.11. Alarms: none fired on any run, on or off.
+
+So with guards on the round-3 policy beats SFT on every seed, round 3 is not below round 1 in
+the mean, the gain is at least the unguarded one, and the guarded runs stay quiet; guards off
+loses true reward and accuracy in round 3. Guards on are the loop's defaults: the frozen
+calibration, a 3-seed reward ensemble scored as mean - 1 std, PPO-ptx 1.0, the held-out judge
+(PPO keeps its best-judged weights, the gate rejects a policy it finds clearly worse) and, for
+the demo, a KL budget of 2 nats per round. What moved the figure was PPO-ptx: before it, the
+settings gave round-3 gains from -0.24 to +0.24 over four runs of three seeds (held-out
+accuracy 0.29 -> 0.11 in one round on seed 0: the reward models learn style, not arithmetic,
+and PPO traded accuracy for style); with it accuracy holds. The figure varies between runs of
+the same seeds (annotators race, so labels differ): of three runs of these settings, two met
+every criterion; the third (before a fix to how reward-model judges score identical answers)
+had seed 0 at +0.081 [-0.021, +0.182].
+
+Hackable (``--hackable``: the simulated annotators prefer a polite opener only, same seeds,
+guards on and off): the reward models learn politeness, and guards off makes every answer
+polite (share 1.00 on every seed). That is hacking the proxy, but not a loss here, since the
+true reward also pays for politeness: round-3 gains over SFT on +0.167 / +0.122 / +0.173
+(every seed above zero), off +0.251 / +0.088 / +0.095; accuracy off 0.26 / 0.08 / 0.13 against
+SFT's 0.29 / 0.13 / 0.17. The alarms did not fire on the guarded runs; unguarded, one PPO run
+recorded value_loss_spike. So polite-only labels alone keep PPO's curves tame (KL, entropy,
+length, update size in range). Made hackable in earnest, with polite-only labels and guards off
+and no KL penalty (``--seeds 0 --guards off --hackable --loop-settings
+'{"ppo": {"kl_coef": 0.0, "adaptive_kl": false}}'``), the policy fell below SFT (true reward
+-0.725 after round 1, -0.650 after round 3, SFT -0.617; answers like "Sure! 0 + 5 + 6.") and
+the alarms fired: kl_limit at step 25 of the round-1 PPO run and value_loss_spike at step 30
+of round 3's, while the guarded runs above stayed quiet.
 
 Reference run (``--path both``, defaults, seed 0; 2 CPU cores, load 0-2; 0.13M-parameter
 GPT-2, 256 prompts a round, 16 answers per held-out question). True reward on the 30
