@@ -375,30 +375,26 @@ def _train_policy(
             "seed": settings.seed,
             "model_name_or_path": settings.reward.get("model_name_or_path") or parent.artifact_path,
         }
-        judge = None
-        if settings.held_out_judge:
-            # Trained first, so the policy's reward model stays the project's newest.
-            judge_run = _train(
+
+        def train_reward(config: dict) -> TrainingRun | None:
+            return _train(
                 recipe="reward",
-                config={**rm_config, "train_on": "held_out", "ensemble_size": 1},
+                config=config,
                 project=project,
                 dataset_version=dataset,
                 base_model=None,
                 sync=sync,
                 state=state,
             )
+
+        judge = None
+        if settings.held_out_judge:
+            # Trained first, so the policy's reward model stays the project's newest.
+            judge_run = train_reward({**rm_config, "train_on": "held_out", "ensemble_size": 1})
             if judge_run is None:
                 return None
             judge = judge_run.model_version
-        rm_run = _train(
-            recipe="reward",
-            config=rm_config,
-            project=project,
-            dataset_version=dataset,
-            base_model=None,
-            sync=sync,
-            state=state,
-        )
+        rm_run = train_reward(rm_config)
         if rm_run is None:
             return None
         reward_model = rm_run.model_version
