@@ -20,9 +20,11 @@ the promotion gate and the reward-hacking guards read them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -97,9 +99,27 @@ def evaluation_prompts(*, project: Project, settings: LoopSettings) -> list[Eval
 def policy_answers(
     *, version: ModelVersion, prompts: list[EvalPrompt], settings: LoopSettings
 ) -> list[str]:
-    """Return one sampled answer per prompt from a policy, with the evaluation's fixed seed."""
+    """Return one sampled answer per prompt from a policy, with the evaluation's fixed seed.
+
+    A version's answers to the same prompts under the same generation settings are the same
+    every time (fixed seed, same batches), so answers an earlier evaluation stored — the
+    previous policy's own, the base's as an opponent — are read back instead of sampled again.
+    """
+    generation = _evaluation_generation(settings)
+    key = answers_key(prompts, generation)
+    stored = _stored_answers(version, key, len(prompts))
+    if stored is not None:
+        return stored
+    samples = candidates_generate(
+        model_version=version, prompts=[p.prompt for p in prompts], k=1, settings=generation
+    )
+    # PostgreSQL text (and JSON) cannot hold NUL; an untrained model may sample it.
+    return [cands[0]["text"].replace("\x00", "") for cands in samples]
+
+
+def _evaluation_generation(settings: LoopSettings) -> GenerationSettings:
     evaluation = settings.evaluation
-    generation = GenerationSettings(
+    return GenerationSettings(
         **{
             **settings.generation,
             "temperature": evaluation["temperature"],
@@ -108,11 +128,27 @@ def policy_answers(
             "seed": evaluation["seed"],
         }
     )
-    samples = candidates_generate(
-        model_version=version, prompts=[p.prompt for p in prompts], k=1, settings=generation
+
+
+def answers_key(prompts: list[EvalPrompt], generation: GenerationSettings) -> str:
+    """Return what identifies a set of evaluation answers: the prompts and the sampling."""
+    payload = {"prompts": [p.key for p in prompts], "generation": asdict(generation)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _stored_answers(version: ModelVersion, key: str, n: int) -> list[str] | None:
+    """Return the version's answers stored by an evaluation with the same answers key."""
+    records = ModelVersion.objects.filter(eval_results__generation__answers_key=key).values_list(
+        "pk", "eval_results__generation"
     )
-    # PostgreSQL text (and JSON) cannot hold NUL; an untrained model may sample it.
-    return [cands[0]["text"].replace("\x00", "") for cands in samples]
+    for pk, record in records:
+        if pk == version.pk:
+            answers = [sample.get("answer") for sample in record.get("samples") or []]
+        else:
+            answers = (record.get("opponent_answers") or {}).get(str(version.pk)) or []
+        if len(answers) == n and all(isinstance(a, str) for a in answers):
+            return answers
+    return None
 
 
 def _outcome(new: float, old: float) -> str:
@@ -410,6 +446,7 @@ def policy_evaluate(
     previous_length = mean_length(previous_answers) if previous_answers else None
     record = {
         "n_prompts": len(prompts),
+        "answers_key": answers_key(prompts, _evaluation_generation(settings)),
         "prompt_source": "demo held-out" if settings.prompt_source == "demo" else "pool eval",
         "settings": settings.evaluation,
         "previous_id": previous.pk if previous is not None else None,

@@ -127,6 +127,38 @@ def test_reward_model_judge_kl_and_text_statistics_are_stored(lineage):
     assert PolicyEvaluation.objects.filter(policy=child).count() == 1
 
 
+def test_answers_an_earlier_evaluation_stored_are_read_back_for_the_same_prompts_and_sampling(
+    lineage,
+):
+    project, base, child, _reward = lineage
+    settings = _settings()
+    policy_evaluate(policy=child, project=project, settings=settings)
+    prompts = evaluation_prompts(project=project, settings=settings)
+
+    # Mark what the evaluation stored: the child's own answers and the base's as an opponent.
+    child.refresh_from_db()
+    record = child.eval_results["generation"]
+    record["opponent_answers"][str(base.pk)] = [f"base-{i}" for i in range(N_EVAL)]
+    for i, sample in enumerate(record["samples"]):
+        sample["answer"] = f"child-{i}"
+    child.save(update_fields=["eval_results"])
+
+    assert policy_answers(version=base, prompts=prompts, settings=settings) == [
+        f"base-{i}" for i in range(N_EVAL)
+    ]
+    assert policy_answers(version=child, prompts=prompts, settings=settings) == [
+        f"child-{i}" for i in range(N_EVAL)
+    ]
+    # Other sampling settings or other prompts: sampled, not read back.
+    reseeded = _settings(seed=4)
+    assert not any(
+        a.startswith("base-")
+        for a in policy_answers(version=base, prompts=prompts, settings=reseeded)
+    )
+    fewer = policy_answers(version=base, prompts=prompts[:-1], settings=settings)
+    assert len(fewer) == N_EVAL - 1 and not any(a.startswith("base-") for a in fewer)
+
+
 def test_a_reward_model_judge_calls_the_same_answer_a_tie_wherever_it_sits_in_a_batch(lineage):
     # given answers of a policy to the evaluation prompts, and the same answers again
     project, _base, child, reward = lineage

@@ -2,7 +2,8 @@
 
 The default backend: it runs in the `gpu` worker. Prompts go through the model's chat template
 and are batched `settings.batch_size` at a time, padded on the left so that every row's answer
-starts at the same column.
+starts at the same column. Batches are formed in order of prompt length, so that a short prompt
+is not padded to the longest one of the whole list (multi-turn chat prompts vary tenfold).
 """
 
 from __future__ import annotations
@@ -69,9 +70,11 @@ class TransformersBackend:
             for p in prompts
         ]
         out: list[list[Candidate]] = [[] for _ in prompts]
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        order = sorted(range(len(prompts)), key=lambda i: (-lengths[i], i))
         for j in range(k):
             for start in range(0, len(prompts), settings.batch_size):
-                batch = list(range(start, min(start + settings.batch_size, len(prompts))))
+                batch = order[start : start + settings.batch_size]
                 # One seed per (prompt, j) would need one generate() call each; instead seed
                 # the batch from its first member and record the batch layout with it.
                 seeds = [candidate_seed(settings.seed, prompts[i], j) for i in batch]
@@ -109,6 +112,7 @@ class TransformersBackend:
                             "generation_config": {
                                 **base_config,
                                 "seed": seeds[0],
+                                # [first position, size, row] in the length order
                                 "batch": [start, len(batch), row],
                                 "k": k,
                                 # the same shape as an OpenAI-compatible server's reply
