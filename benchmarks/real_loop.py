@@ -84,7 +84,7 @@ class Sizes:
         default_factory=lambda: {
             "use_lora": True,
             # LoRA moves little at full fine-tuning rates: at 5e-5 round 1 reached KL 0.066.
-            "learning_rate": 2e-4,
+            "learning_rate": 3e-4,
             "beta": 0.1,
             "num_train_epochs": 2,
             "per_device_train_batch_size": 4,
@@ -99,6 +99,8 @@ class Sizes:
     # "CI low > 0.5 vs the previous policy"; the gate here checks the KL budget and length
     # ratio only, and the win rate is reported. None keeps the loop's defaults.
     gate: dict = field(default_factory=lambda: {"min_win_rate_ci_low": None})
+    # Iterative DPO: each round's policy learns from the previous one on the new round's pairs.
+    train_rounds: str = "newest"
     seed: int = 0
 
 
@@ -390,6 +392,7 @@ def run(
         sources=[LabelSource.AI.value],
         seed=sizes.seed,
         mix_previous=False,
+        train_rounds=sizes.train_rounds,
         generation={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": sizes.new_tokens},
         dpo=sizes.dpo,
         evaluation={"n_prompts": sizes.eval_prompts, "reward_models": 1},

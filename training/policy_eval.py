@@ -440,7 +440,12 @@ def policy_evaluate(
 
     reference = policy.parent
     kl_reference = _kl_to(policy, reference, prompts, new_answers)
-    kl_base = _kl_to(policy, policy_base(project=project), prompts, new_answers)
+    base_policy = policy_base(project=project)
+    kl_base = (
+        kl_reference
+        if reference is not None and base_policy is not None and base_policy.pk == reference.pk
+        else _kl_to(policy, base_policy, prompts, new_answers)
+    )
     stats = text_stats(new_answers)
     previous_answers = opponents[previous.pk][1] if previous is not None else None
     previous_length = mean_length(previous_answers) if previous_answers else None

@@ -25,6 +25,7 @@ SAMPLING_LIMITS: dict[str, tuple[type, float, float]] = {
     "top_k": (int, 0, 1000),
     "max_new_tokens": (int, 1, 4096),
     "batch_size": (int, 1, 256),
+    "batch_tokens": (int, 64, 1_000_000),
 }
 
 

@@ -42,3 +42,18 @@ def test_each_candidate_records_how_many_tokens_were_generated(tiny_policy_dir):
             assert 1 <= count <= 6
             assert response["finish_reason"] == ("length" if count == 6 else "stop")
             assert cand["generation_config"]["backend"] == "transformers"
+
+
+def test_long_prompts_go_in_smaller_batches_within_both_limits():
+    from training.generation.transformers import length_batches
+
+    lengths = [900, 700, 300, 120, 100, 90, 40, 30, 20, 10, 5, 5]  # longest first
+    settings = GenerationSettings(batch_size=4, batch_tokens=1000)
+    slices = length_batches(lengths, settings)
+    # Every prompt once, in order; a lone prompt over the budget still gets its own batch.
+    assert [i for start, end in slices for i in range(start, end)] == list(range(len(lengths)))
+    assert slices[0] == (0, 1)
+    for start, end in slices:
+        assert end - start <= 4
+        assert (end - start) * lengths[start] <= 1000 or end - start == 1
+    assert slices == [(0, 1), (1, 2), (2, 5), (5, 9), (9, 12)]

@@ -91,6 +91,7 @@ def test_a_saved_loop_keeps_the_real_defaults_and_only_the_project_id_on_its_sch
         ({"path": "dpo", "prompt_source": "web"}, "prompt_source"),
         ({"path": "dpo", "aggregation": "vibes"}, "aggregation"),
         ({"path": "dpo", "random_share": 2.0}, "random_share"),
+        ({"path": "dpo", "train_rounds": "latest"}, "train_rounds"),
         ({"path": "dpo", "hard_mining": "margin"}, "hard_mining"),
         ({"path": "dpo", "generation": {"temprature": 0.7}}, "generation.temprature"),
         ({"path": "dpo", "generation": {"seed": 3}}, "generation.seed"),
@@ -355,3 +356,24 @@ def test_a_tick_while_another_tick_of_the_loop_runs_does_nothing():
     # Once it ends, ticks run again
     state = control.loop_tick_run(project_id=project.pk)
     assert [(s.name, s.status) for s in state.steps] == [("wait", "waiting")]
+
+
+def test_an_iteration_exports_every_round_so_far_or_with_train_rounds_newest_only_its_own():
+    from training.loop.settings import LoopSettings
+    from training.loop.steps import _dataset
+
+    project = make_project()
+    annotator = make_user()
+    rounds = [Round.objects.create(project=project, number=n) for n in (1, 2)]
+    for round_ in rounds:
+        for item in make_items(project, 6, round_=round_):
+            Judgment.objects.create(project=project, item=item, annotator=annotator, choice="A")
+
+    counts = {}
+    for train_rounds in ("all", "newest"):
+        settings = LoopSettings(path="dpo", train_rounds=train_rounds)
+        version, status = _dataset(rounds[1], settings, f"loop-{train_rounds}")
+        assert status == "started" and version.status == DatasetVersion.Status.READY
+        assert sorted(version.source_rounds) == ([1, 2] if train_rounds == "all" else [2])
+        counts[train_rounds] = sum(version.split_counts.values())
+    assert counts == {"all": 12, "newest": 6}

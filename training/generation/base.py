@@ -27,6 +27,13 @@ class GenerationSettings:
     stop: list[str] = field(default_factory=list, metadata={"help": "Extra stop strings."})
     seed: int = field(default=0, metadata={"help": "Base seed; candidate seeds derive from it."})
     batch_size: int = field(default=32, metadata={"help": "Prompts per generate() call."})
+    batch_tokens: int = field(
+        default=4096,
+        metadata={
+            "help": "Most prompt tokens per generate() call, padding included: long prompts "
+            "go in smaller batches, as their prefill costs the most."
+        },
+    )
 
 
 class GenerationError(Exception):

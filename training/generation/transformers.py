@@ -1,9 +1,11 @@
 """Sample candidates from a local policy folder with transformers, batched with left padding.
 
 The default backend: it runs in the `gpu` worker. Prompts go through the model's chat template
-and are batched `settings.batch_size` at a time, padded on the left so that every row's answer
-starts at the same column. Batches are formed in order of prompt length, so that a short prompt
-is not padded to the longest one of the whole list (multi-turn chat prompts vary tenfold).
+and are batched, padded on the left so that every row's answer starts at the same column.
+Batches are formed in order of prompt length, at most `settings.batch_size` prompts and
+`settings.batch_tokens` padded prompt tokens each: a short prompt is not padded to the longest
+of the list (multi-turn chat prompts vary tenfold), and the few long prompts, whose prefill
+costs the most, go in small batches.
 """
 
 from __future__ import annotations
@@ -72,9 +74,10 @@ class TransformersBackend:
         out: list[list[Candidate]] = [[] for _ in prompts]
         lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
         order = sorted(range(len(prompts)), key=lambda i: (-lengths[i], i))
+        batches = length_batches([lengths[i] for i in order], settings)
         for j in range(k):
-            for start in range(0, len(prompts), settings.batch_size):
-                batch = order[start : start + settings.batch_size]
+            for start, end in batches:
+                batch = order[start:end]
                 # One seed per (prompt, j) would need one generate() call each; instead seed
                 # the batch from its first member and record the batch layout with it.
                 seeds = [candidate_seed(settings.seed, prompts[i], j) for i in batch]
@@ -126,6 +129,17 @@ class TransformersBackend:
                 if progress is not None:
                     progress(len(batch))
         return out
+
+
+def length_batches(lengths: list[int], settings: GenerationSettings) -> list[tuple[int, int]]:
+    """Return [start, end) slices of prompts sorted longest first, within the batch limits."""
+    slices, start = [], 0
+    while start < len(lengths):
+        # The first prompt is the batch's longest: every row is padded to it.
+        size = min(settings.batch_size, max(1, settings.batch_tokens // max(lengths[start], 1)))
+        slices.append((start, min(start + size, len(lengths))))
+        start += size
+    return slices
 
 
 def _new_token_count(tokens: list[int], eos_id, pad_id) -> tuple[int, str]:

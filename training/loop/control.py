@@ -29,7 +29,7 @@ from training.loop.schedule import (
     loop_schedule_pause,
     loop_schedule_set,
 )
-from training.loop.settings import LoopSettings
+from training.loop.settings import TRAIN_ROUNDS, LoopSettings
 from training.loop.steps import RECORDING_LOOP, LoopState, Step, loop_advance, loop_key
 from training.models import Loop, LoopEvent, ModelVersion, TrainingRun
 
@@ -115,6 +115,7 @@ def loop_settings_validate(
         ("seed", lambda v: v >= 0, "must be 0 or more."),
         ("random_share", lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1."),
         ("prompt_source", lambda v: v in PROMPT_SOURCES, "must be 'pool' or 'demo'."),
+        ("train_rounds", lambda v: v in TRAIN_ROUNDS, "must be 'all' or 'newest'."),
         (
             "aggregation",
             lambda v: v in AGGREGATIONS,

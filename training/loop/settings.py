@@ -8,6 +8,8 @@ from typing import Any
 from annotation.models import LabelSource
 from training.loop.mining import HARD_MINING_MODES
 
+TRAIN_ROUNDS = ("all", "newest")
+
 
 @dataclass
 class LoopSettings:
@@ -41,6 +43,16 @@ class LoopSettings:
     )
     mix_previous: bool = field(
         default=True, metadata={"help": "Pair the new policy's answers with the previous one's."}
+    )
+    train_rounds: str = field(
+        default="all",
+        metadata={
+            "help": "Labels each iteration trains on: 'all' (every round so far, as Llama 2's "
+            "reward models; Touvron et al. 2023, §3.2.2) or 'newest' (the newest round only: "
+            "iterative DPO, each policy trained from the previous one on its own new pairs; "
+            "Xu et al. 2023, 'Some things are more CRINGE than others'; Yuan et al. 2024, "
+            "'Self-Rewarding Language Models')."
+        },
     )
     min_new_judgments: int = field(
         default=0,
@@ -101,6 +113,8 @@ class LoopSettings:
             raise ValueError(f"hard_mining must be one of {modes}")
         if not 0.0 <= settings.random_share <= 1.0:
             raise ValueError("random_share must be between 0 and 1")
+        if settings.train_rounds not in TRAIN_ROUNDS:
+            raise ValueError("train_rounds must be 'all' or 'newest'")
         return settings
 
     def to_dict(self) -> dict:

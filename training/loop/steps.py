@@ -187,9 +187,13 @@ def _dataset(round_: Round, settings: LoopSettings, key: str):
     from annotation.exports import dataset_version_build, dataset_version_create
 
     if existing is None:
-        rounds = list(
-            Round.objects.filter(project=round_.project, number__lte=round_.number).values_list(
-                "number", flat=True
+        rounds = (
+            [round_.number]
+            if settings.train_rounds == "newest"
+            else list(
+                Round.objects.filter(project=round_.project, number__lte=round_.number).values_list(
+                    "number", flat=True
+                )
             )
         )
         existing = dataset_version_create(

@@ -61,6 +61,13 @@ class Config(BaseRecipeConfig):
             "costs a pass over the data at start)."
         },
     )
+    group_by_length: bool = field(
+        default=True,
+        metadata={
+            "help": "Batch pairs of similar length together: every row of a batch is padded to "
+            "its longest, and on a CPU the padding is compute (as the SFT and reward recipes)."
+        },
+    )
     max_length: int | None = field(
         default=512,
         metadata={
@@ -143,7 +150,8 @@ def train(
         precompute_ref_log_probs=config.precompute_ref_log_probs,
         disable_dropout=True,
     )
-    trainer = DPOTrainer(
+    trainer_class = _length_grouped(DPOTrainer) if config.group_by_length else DPOTrainer
+    trainer = trainer_class(
         model=model_path,
         args=args,
         train_dataset=datasets["train"],
@@ -168,6 +176,36 @@ def train(
     metrics.update({"loss_type": loss_type, "label_smoothing": smoothing, "beta": config.beta})
     finish_run(RECIPE, trainer, config, dataset_dir, output_dir, logger, tokenizer, metrics)
     return metrics
+
+
+def _length_grouped(trainer_class):
+    """Return a DPOTrainer subclass that samples batches of pairs of similar length.
+
+    transformers' `group_by_length` reads an `input_ids` or `length` column, and TRL's tokenized
+    pairs have neither (`prompt_ids`, `chosen_ids`, `rejected_ids`; other columns are dropped
+    before sampling), so the lengths are given to the same `LengthGroupedSampler` here.
+    """
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    class LengthGroupedTrainer(trainer_class):
+        def _get_train_sampler(self, train_dataset=None):
+            dataset = self.train_dataset if train_dataset is None else train_dataset
+            lengths = [
+                len(prompt) + max(len(chosen), len(rejected))
+                for prompt, chosen, rejected in zip(
+                    dataset["prompt_ids"],
+                    dataset["chosen_ids"],
+                    dataset["rejected_ids"],
+                    strict=True,
+                )
+            ]
+            return LengthGroupedSampler(
+                self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                dataset=dataset,
+                lengths=lengths,
+            )
+
+    return LengthGroupedTrainer
 
 
 def completion_logps(model, tokenizer, prompt: Any, completion: Any) -> float:
