@@ -34,7 +34,20 @@ CHOICES = {
     "prompt_source": [("pool", "The project's prompt pool"), ("demo", "Arithmetic demo")],
     "hard_mining": [(mode, mode or "none") for mode in HARD_MINING_MODES],
     "aggregation": [(name, name) for name in AGGREGATIONS],
+    "train_rounds": [
+        ("all", "Every round so far"),
+        ("newest", "The newest round only (iterative DPO)"),
+    ],
 }
+
+
+def _keeps_default(spec: dataclasses.Field) -> bool:
+    """Return whether a choice left out of a post keeps its default ('' is no choice of it)."""
+    return (
+        spec.name in CHOICES
+        and spec.default is not dataclasses.MISSING
+        and "" not in dict(CHOICES[spec.name])
+    )
 
 
 class LoopSettingsForm(forms.Form):
@@ -93,6 +106,8 @@ class LoopSettingsForm(forms.Form):
                     raise control.InvalidLoopSettings(
                         f"{spec.name}: not JSON ({exc.msg}).", field=spec.name
                     ) from exc
+            elif value == "" and _keeps_default(spec):
+                value = spec.default
             values[spec.name] = value
         return values
 

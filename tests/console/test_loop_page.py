@@ -132,6 +132,13 @@ def test_settings_without_a_path_are_refused_naming_it_and_nothing_is_saved(worl
     assert found.config["path"] == "dpo"
     assert found.config["sources"] == ["human"]
     assert found.config["n_prompts"] == 8
+    # A choice left out of the post keeps its default; a given one is saved.
+    assert found.config["train_rounds"] == "all"
+    newest = form | {"path": "dpo", "dpo": "{}", "train_rounds": "newest"}
+    assert client.post(_url("loop-settings", project), newest).status_code == 302
+    assert Loop.objects.get(project=project).config["train_rounds"] == "newest"
+    wrong = client.post(_url("loop-settings", project), newest | {"train_rounds": "latest"})
+    assert wrong.status_code == 400 and 'data-field="train_rounds"' in wrong.content.decode()
 
 
 def test_the_actions_pause_resume_cancel_promote_and_reject(world):
