@@ -23,22 +23,29 @@ Sizes (the issue's): 64 training prompts a round, K=2, 96 new tokens, DPO with L
 32 evaluation prompts, 2 rounds. `tests/training/test_real_loop_toy.py` runs the same path
 (`run()` below) with a tiny policy and a handful of prompts.
 
-Last full run (2026-12-02, the defaults above: LoRA DPO lr 2e-4, reward models 2 epochs, the
-gate's win-rate criterion off; 2 CPU cores shared with test suites, load average 10-14):
-pairs A 349 / B 421 / C 419; pool 382 train, 37 evaluation prompts. Reward models: annotator
-169 s, judge 233 s (judge held-out accuracy 0.56). Win rate vs the base by the part-B judge on
-32 evaluation prompts, prompt-clustered 95% CI:
-  round 1: 16/0/16, 0.500 [0.344, 0.656]; KL to reference 1.21; length 46.8 tokens;
-           distinct-2 0.949; gate promoted (KL and length ratio). Seconds: generation 684
-           (13.7 new tokens/s), AI labels 16, DPO 969, evaluation 423, next round 784.
-  round 2: 21/0/11, 0.656 [0.500, 0.812] (vs round 1: 0.625 [0.469, 0.781]); KL to reference
-           2.98, to base 5.99; length 33.5; distinct-2 0.942; promoted. Seconds: AI labels 14,
-           DPO 1931 (52 steps), evaluation 688.
-Both DPO runs raised the likelihood-displacement alarm (chosen log-probability 22 and 46 nats
-under its start), recorded, not stopping. The target (round 2 beats the base with CI low > 0.5
-in under 45 minutes) was not met: the CI's low end is 0.500, and the run took 93 minutes at that
-load. Tried: one reward-model epoch (judge near chance) and LoRA lr 5e-5 (round-1 KL 0.066, no
-movement); answers shortened round by round, so read the win rate next to the length.
+Last full run (2026-12-02, the defaults above: LoRA DPO lr 3e-4, 2 epochs, pairs batched by
+length, `train_rounds: "newest"` (each round's policy trained from the previous one on its own
+round's pairs), reward models 2 epochs, the gate's win-rate criterion off; a quiet 2-core
+machine, load average 0.8 before, 2.7 after): pairs A 349 / B 421 / C 419; pool 382 train,
+37 evaluation prompts. Reward models: annotator 106 s (validation accuracy 0.25 on its 34
+held-out pairs, margins near zero), judge 146 s (0.56). Win rate vs the base by the part-B
+judge on 32 evaluation prompts, prompt-clustered 95% CI:
+  round 1: 19/1/12, 0.609 [0.438, 0.766]; KL to reference (the base) 4.24; length 53.4 tokens;
+           distinct-2 0.944; promoted (KL and length ratio). Seconds: generation 278 (33.0 new
+           tokens/s), AI labels 7, DPO 529 (28 steps), evaluation 145, next round 300.
+  round 2: 19/0/13 vs round 1, 0.594 [0.406, 0.750]; vs the base 0.719 [0.562, 0.875]; KL to
+           reference (round 1) 3.43, to base 8.08 (KL budget 20); length 44.3; distinct-2
+           0.926; promoted. Seconds: AI labels 6, DPO 447 (26 steps), evaluation 105 (the
+           base's and round 1's answers read back), next round 282.
+Total 39.2 minutes. The target (round 2 beats the base, CI low > 0.5, within the KL budget,
+under 45 minutes on 2 CPU cores) is met. Round 2's DPO raised the likelihood-displacement
+alarm (recorded, not stopping).
+
+Before (same sizes, load 10-14, 93 min): lr 2e-4 and every round's pairs in each iteration
+gave round 2 0.656 [0.500, 0.812]; generation then batched 32 prompts padded to the longest
+(13.7 tokens/s) and DPO batches were padded to their longest pair. Also tried: one reward-model
+epoch (judge near chance) and LoRA lr 5e-5 (round-1 KL 0.066, no movement). Answers shorten
+from round 1 to round 2: read the win rate next to the length.
 """
 
 from __future__ import annotations
