@@ -17,7 +17,7 @@ sequence-level KL to the reference and to the base, mean answer length, distinct
 per stage and generation tokens/s, then the machine load.
 
     bash scripts/setup_real_models.sh            # once: SmolLM2 -> var/models/smollm2
-    .venv/bin/python benchmarks/real_loop.py     # named sizes below; ~45 min on 2 CPU cores
+    .venv/bin/python benchmarks/real_loop.py     # named sizes below; ~40 min on 2 quiet CPU cores
 
 Sizes (the issue's): 64 training prompts a round, K=2, 96 new tokens, DPO with LoRA,
 32 evaluation prompts, 2 rounds. `tests/training/test_real_loop_toy.py` runs the same path
@@ -30,7 +30,7 @@ machine, load average 0.8 before, 2.7 after): pairs A 349 / B 421 / C 419; pool 
 37 evaluation prompts. Reward models: annotator 106 s (validation accuracy 0.25 on its 34
 held-out pairs, margins near zero), judge 146 s (0.56). Win rate vs the base by the part-B
 judge on 32 evaluation prompts, prompt-clustered 95% CI:
-  round 1: 19/1/12, 0.609 [0.438, 0.766]; KL to reference (the base) 4.24; length 53.4 tokens;
+  round 1: 19/1/12, 0.609 [0.438, 0.766]; KL to reference (the base) 4.24; length 53.4 words;
            distinct-2 0.944; promoted (KL and length ratio). Seconds: generation 278 (33.0 new
            tokens/s), AI labels 7, DPO 529 (28 steps), evaluation 145, next round 300.
   round 2: 19/0/13 vs round 1, 0.594 [0.406, 0.750]; vs the base 0.719 [0.562, 0.875]; KL to
