@@ -32,7 +32,7 @@ from tests.training.conftest import (  # noqa: F401  (session fixtures: tiny tok
 from training import rm_evaluation
 from training.loop.settings import LoopSettings
 from training.models import ModelVersion, PolicyEvaluation, TrainingRun
-from training.policy_eval import policy_evaluate
+from training.policy_eval import TIE_TOLERANCE, policy_evaluate
 from training.scoring import reward_scores
 
 pytestmark = [
@@ -145,7 +145,8 @@ def test_the_judge_keeps_each_answers_reward_model_score_and_the_previous_answer
         [a - b for a, b in zip(details["scores_new"], details["scores_old"], strict=True)]
     )
     assert details["outcomes"] == [
-        "tie" if abs(m) <= 1e-9 else ("win" if m > 0 else "loss") for m in details["margins"]
+        "tie" if abs(m) <= TIE_TOLERANCE else ("win" if m > 0 else "loss")
+        for m in details["margins"]
     ]
     # The stored scores are the reward model's: score one answer again.
     top = int(np.argmax(details["scores_new"]))
