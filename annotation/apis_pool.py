@@ -192,9 +192,18 @@ class PromptPoolListApi(APIView):
                 {"detail": "split must be train or eval.", "code": "invalid", "field": "split"},
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        rows = prompt_pool.prompt_pool_list(
-            project=project, split=split, tag=request.query_params.get("tag", "")
-        )
+        tag = request.query_params.get("tag", "")
+        if "\x00" in tag:
+            # No stored tag holds one (PostgreSQL text cannot), and the database refuses it.
+            return Response(
+                {
+                    "detail": "tag must not contain a NUL character.",
+                    "code": "invalid",
+                    "field": "tag",
+                },
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        rows = prompt_pool.prompt_pool_list(project=project, split=split, tag=tag)
         return paginate(request=request, view=self, rows=rows, serializer_class=PoolPromptOutput)
 
 

@@ -31,7 +31,8 @@ def training_run_list(*, user, project_id: int | None = None, status: str = "") 
     if project_id is not None:
         runs = runs.filter(project_id=project_id)
     if status:
-        runs = runs.filter(status=status)
+        # A value no run can have (a NUL byte included, which PostgreSQL refuses) finds none.
+        runs = runs.filter(status=status) if status in TrainingRun.Status.values else runs.none()
     return runs.order_by("-created_at", "-pk")
 
 
@@ -53,7 +54,9 @@ def model_version_list(*, user, kind: str = "") -> QuerySet:
             | Q(project_id__in=projects)
         )
     if kind:
-        versions = versions.filter(kind=kind)
+        # A value no version can have (a NUL byte included, which PostgreSQL refuses) finds none.
+        kinds = ModelVersion.Kind.values
+        versions = versions.filter(kind=kind) if kind in kinds else versions.none()
     return versions.order_by("-created_at", "-pk")
 
 

@@ -238,6 +238,8 @@ def test_api_imports_a_multipart_file_and_a_jsonl_body_then_lists_and_counts(poo
     assert client.get(f"/api/projects/{project.pk}/prompts/?split=eval").json() == []
     bad_split = client.get(f"/api/projects/{project.pk}/prompts/?split=test")
     assert bad_split.status_code == 400 and bad_split.json()["field"] == "split"
+    nul_tag = client.get(f"/api/projects/{project.pk}/prompts/?split=eval&tag=%00")
+    assert nul_tag.status_code == 400 and nul_tag.json()["field"] == "tag"
     counts = client.get(f"/api/projects/{project.pk}/prompts/counts/").json()
     assert counts == {"total": 3, "train": 3, "eval": 0, "tags": {"t1": 2}}
 

@@ -165,6 +165,10 @@ def test_list_and_detail_are_scoped_to_researched_projects(world):
     assert APIClient().get("/api/training/runs/").status_code in (401, 403)
     filtered = researcher.get("/api/training/runs/?status=queued").json()
     assert filtered["results"] == []
+    # A status no run can have, a NUL byte (which PostgreSQL refuses) too, finds none.
+    for odd in ("nonsense", "%00"):
+        found = researcher.get(f"/api/training/runs/?status={odd}")
+        assert found.status_code == 200 and found.json()["results"] == []
 
 
 def test_cancel_and_resume_endpoints(world, sent, django_capture_on_commit_callbacks):
@@ -225,6 +229,8 @@ def test_model_versions_list_with_lineage(world):
     assert by_name["rm-1"]["project"] == world["project"].pk
     rewards = _client(world["researcher"]).get("/api/training/models/?kind=reward").json()
     assert [item["name"] for item in rewards["results"]] == ["rm-1"]
+    nul = _client(world["researcher"]).get("/api/training/models/?kind=%00")
+    assert nul.status_code == 200 and nul.json()["results"] == []
     detail = _client(world["researcher"]).get(f"/api/training/models/{reward.pk}/")
     assert detail.status_code == 200 and detail.json()["parent"] == base.pk
     assert _client(world["outsider"]).get(f"/api/training/models/{reward.pk}/").status_code == 404
