@@ -10,20 +10,21 @@ from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import APIException, NotFound, PermissionDenied
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.settings import api_settings as drf_api_settings
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from annotation import access, errors, projects, selectors, services, views
+from annotation import access, errors, inputs, projects, selectors, services, views
 from annotation.apis_imports import (
     ImportJobOutput,
     UploadField,
     declared_upload_too_large,
     import_now_or_queue,
 )
+from annotation.fastpath import FastApiView
 from annotation.imports import items_import
 from annotation.models import Membership, Project, Round, TaskKind
 from annotation.pagination import paginate
@@ -341,91 +342,61 @@ def _assignment_body(request, assignment, *, html: bool) -> dict:
     return payload
 
 
-class PrefetchApi(APIView):
+class PrefetchApi(FastApiView):
     """Hold the item after the current one under its own lease (the page shows it at once)."""
 
-    @extend_schema_serializer(component_name="PrefetchInput")
-    class InputSerializer(serializers.Serializer):
-        # true: the answer carries the item rendered as the annotator page shows it.
-        html = serializers.BooleanField(required=False, default=False)
+    input_spec = inputs.PREFETCH
 
     @extend_schema(
-        request=InputSerializer,
+        request=inputs.PREFETCH.serializer("PrefetchInput"),
         responses={200: AssignmentOutput, 204: OpenApiResponse(description="Nothing left.")},
         description="At most one item is held ahead beside the current one; asking again "
         "renews and returns it. It becomes the current item when the current one is "
         "submitted with `next`, or when `next` finds no current item.",
     )
     def post(self, request, project_id: int):
-        serializer = self.InputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        return super().post(request, project_id=project_id)
+
+    def answer(self, request, data, *, project_id: int):
         assignment = assignment_prefetch(project_id=project_id, user=request.user)
         if assignment is None:
-            return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(
-            _assignment_body(request, assignment, html=serializer.validated_data["html"])
-        )
+            return status.HTTP_204_NO_CONTENT, None
+        return status.HTTP_200_OK, _assignment_body(request, assignment, html=data["html"])
 
 
-class ReleaseApi(APIView):
+class ReleaseApi(FastApiView):
     """Give back an item held ahead, e.g. when the annotator page is left."""
 
     @extend_schema(request=None, responses=AssignmentStatusOutput)
     def post(self, request, assignment_id: int):
+        return super().post(request, assignment_id=assignment_id)
+
+    def answer(self, request, data, *, assignment_id: int):
         assignment = assignment_release(assignment_id=assignment_id, user=request.user)
-        return Response({"assignment_id": assignment.pk, "status": assignment.status})
+        return status.HTTP_200_OK, {"assignment_id": assignment.pk, "status": assignment.status}
 
 
-class NextApi(APIView):
+class NextApi(FastApiView):
     @extend_schema(
         request=None,
         responses={200: AssignmentOutput, 204: OpenApiResponse(description="Nothing left.")},
     )
     def post(self, request, project_id: int):
+        return super().post(request, project_id=project_id)
+
+    def answer(self, request, data, *, project_id: int):
         assignment = services.assignment_next(project_id=project_id, user=request.user)
         if assignment is None:
-            return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(selectors.assignment_payload(assignment=assignment))
+            return status.HTTP_204_NO_CONTENT, None
+        return status.HTTP_200_OK, selectors.assignment_payload(assignment=assignment)
 
 
-class SubmitApi(APIView):
+class SubmitApi(FastApiView):
     parser_classes = [JSONParser]
-
-    @extend_schema_serializer(component_name="SubmitInput")
-    class InputSerializer(serializers.Serializer):
-        idempotency_key = serializers.CharField(max_length=100, required=False, default="")
-        choice = serializers.CharField(max_length=16, required=False, allow_null=True, default=None)
-        ranking = serializers.ListField(
-            child=serializers.IntegerField(),
-            required=False,
-            allow_null=True,
-            default=None,
-            max_length=8,
-        )
-        strength = serializers.CharField(
-            max_length=16, required=False, allow_blank=True, default=""
-        )
-        confidence = serializers.IntegerField(required=False, allow_null=True, default=None)
-        rationale = serializers.CharField(
-            required=False, allow_blank=True, default="", max_length=10_000, trim_whitespace=False
-        )
-        time_spent_ms = serializers.IntegerField(
-            required=False, allow_null=True, default=None, min_value=0, max_value=86_400_000
-        )
-        # true: the answer carries the next assignment too (one round trip per judgment).
-        next = serializers.BooleanField(required=False, default=False)
-        # true (with next): the answer also carries the item after it, held ahead.
-        ahead = serializers.BooleanField(required=False, default=False)
-        # true: the items in the answer come rendered as the annotator page shows them.
-        html = serializers.BooleanField(required=False, default=False)
-
-        def validate(self, attrs):
-            if attrs["ahead"] and not attrs["next"]:
-                raise serializers.ValidationError({"ahead": 'ahead needs "next": true.'})
-            return attrs
+    input_spec = inputs.SUBMIT
 
     @extend_schema(
-        request=InputSerializer,
+        request=inputs.SUBMIT.serializer("SubmitInput"),
         responses={200: SubmitNextOutput, 201: SubmitNextOutput},
         description='With `"next": true` the answer carries `next`: the assignment `next` '
         "would serve now, or null when nothing is left (then `next_error` says why when the "
@@ -433,11 +404,14 @@ class SubmitApi(APIView):
         "while its lease is live.",
     )
     def post(self, request, assignment_id: int):
-        serializer = self.InputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        fields = dict(serializer.validated_data)
+        return super().post(request, assignment_id=assignment_id)
+
+    def answer(self, request, data, *, assignment_id: int):
+        fields = dict(data)
         serve_next, serve_ahead = fields.pop("next"), fields.pop("ahead")
         html = fields.pop("html")
+        if serve_ahead and not serve_next:
+            raise ValidationError({"ahead": ['ahead needs "next": true.']})
         result = services.judgment_submit(
             assignment_id=assignment_id,
             user=request.user,
@@ -460,9 +434,7 @@ class SubmitApi(APIView):
                     "detail": result.next_error.message,
                     "code": result.next_error.code,
                 }
-        return Response(
-            body, status=status.HTTP_200_OK if result.replayed else status.HTTP_201_CREATED
-        )
+        return (status.HTTP_200_OK if result.replayed else status.HTTP_201_CREATED), body
 
 
 class SkipApi(APIView):
@@ -480,11 +452,14 @@ class SkipApi(APIView):
         return Response({"assignment_id": assignment.pk, "status": assignment.status})
 
 
-class HeartbeatApi(APIView):
+class HeartbeatApi(FastApiView):
     @extend_schema(request=None, responses=HeartbeatOutput)
     def post(self, request, assignment_id: int):
+        return super().post(request, assignment_id=assignment_id)
+
+    def answer(self, request, data, *, assignment_id: int):
         assignment = services.assignment_heartbeat(assignment_id=assignment_id, user=request.user)
-        return Response({"lease_expires": assignment.lease_expires.isoformat()})
+        return status.HTTP_200_OK, {"lease_expires": assignment.lease_expires.isoformat()}
 
 
 class ProgressApi(APIView):
