@@ -23,6 +23,7 @@ from django.utils.translation import gettext_lazy as _
 from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
+from annotation import sql
 from annotation.members import SOURCE_GROUPS, user_label_source_remember
 
 
@@ -35,10 +36,10 @@ def _sql() -> str:
     groups = Group._meta.db_table
     names = ", ".join(["%s"] * len(SOURCE_GROUPS))
     return (
-        f'SELECT u.*, t."created" AS "_token_created", t."created" < %s AS "_token_stale", '
+        f'SELECT {sql.columns(user_model, "u")}, t."created", t."created" < %s, '
         f'(SELECT g."name" FROM "{groups}" g JOIN "{memberships}" ug '
         f'ON ug."group_id" = g."id" WHERE ug."user_id" = u."{pk}" AND g."name" IN ({names}) '
-        f'ORDER BY g."name" LIMIT 1) AS "_machine_group" '
+        f'ORDER BY g."name" LIMIT 1) '
         f'FROM "{Token._meta.db_table}" t JOIN "{users}" u ON u."{pk}" = t."user_id" '
         f'WHERE t."key" = %s'
     )
@@ -50,18 +51,18 @@ class TokenAuthentication(authentication.TokenAuthentication):
     def authenticate_credentials(self, key):
         cutoff = timezone.now() - settings.API_TOKEN_LIFETIME
         params = [connection.ops.adapt_datetimefield_value(cutoff), *SOURCE_GROUPS, key]
-        found = list(get_user_model().objects.raw(_sql(), params))
-        if not found:
+        found = sql.fetch_one(_sql(), params, get_user_model())
+        if found is None:
             raise exceptions.AuthenticationFailed(_("Invalid token."))
-        user = found[0]
+        user, created, stale, machine_group = found
         if not user.is_active:
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
-        if user._token_stale and user._machine_group is None:
+        if stale and machine_group is None:
             raise exceptions.AuthenticationFailed(
                 _("Token expired; log in at /api/auth/token/ for a new one.")
             )
-        user_label_source_remember(user=user, group=user._machine_group)
-        return user, Token(key=key, user=user, created=user._token_created)
+        user_label_source_remember(user=user, group=machine_group)
+        return user, Token(key=key, user=user, created=sql.field_value(Token, "created", created))
 
 
 class LoginLockoutBackend(AxesStandaloneBackend):

@@ -7,6 +7,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Q, Sum
 
+from annotation import sql
 from annotation.access import user_can_review
 from annotation.models import (
     Assignment,
@@ -55,9 +56,7 @@ def project_options(project: Project) -> dict:
 
 def assignment_payload(*, assignment: Assignment) -> dict:
     """Return what an annotator sees for an assignment: no model, checkpoint, gold or kind."""
-    with connection.cursor() as cursor:
-        cursor.execute(_payload_sql(), [assignment.item_id])
-        rows = cursor.fetchall()
+    rows = sql.fetch_all(_payload_sql(), [assignment.item_id])
     by_position = {position: text for position, text, _, _ in rows}
     prompt_text, messages = (rows[0][2], rows[0][3]) if rows else ("", None)
     if messages is not None:

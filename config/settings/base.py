@@ -96,6 +96,9 @@ AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
 # API tokens of human accounts stop working this long after they were issued; logging in
 # at /api/auth/token/ again issues a new one. Machine accounts get a fresh token per run.
+# The serving statements are prepared once per database connection (annotation/sql.py); a
+# connection pooler in transaction mode without protocol-level prepared statements needs 0.
+SERVING_PREPARED_STATEMENTS = env.bool("SERVING_PREPARED_STATEMENTS", default=True)
 API_TOKEN_LIFETIME = timedelta(days=env.int("PREFLOOP_API_TOKEN_DAYS", default=30))
 
 LANGUAGE_CODE = "en-us"
