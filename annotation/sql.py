@@ -23,7 +23,7 @@ statements (PgBouncer 1.21 and later, `max_prepared_statements`), or
 import functools
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 
 @functools.cache
@@ -55,36 +55,41 @@ def _converters(model, vendor: str) -> tuple:
     return tuple(out)
 
 
-def _instance(model, values):
+def _instance(model, values, db):
     converted = []
-    for (converters, col), value in zip(_converters(model, connection.vendor), values, strict=True):
+    for (converters, col), value in zip(_converters(model, db.vendor), values, strict=True):
         for convert in converters:
-            value = convert(value, col, connection)
+            value = convert(value, col, db)
         converted.append(value)
-    return model.from_db(connection.alias, [f.attname for f in _fields(model)], converted)
+    return model.from_db(db.alias, _attnames(model), converted)
+
+
+@functools.cache
+def _attnames(model) -> list[str]:
+    return [f.attname for f in _fields(model)]
 
 
 _NEVER_AUTOMATICALLY = 2**62
 
 
-def _cursor():
+def _cursor(db):
     """A cursor whose statements PostgreSQL prepares on first use (server-side binding)."""
     if (
-        connection.vendor != "postgresql"
+        db.vendor != "postgresql"
         or not settings.SERVING_PREPARED_STATEMENTS
         # Logged (DEBUG, a test capturing queries): Django's log shows the SQL of client-side
         # binding only, so a logged statement is sent unprepared, with the same text.
-        or connection.queries_logged
+        or db.queries_logged
     ):
-        return connection.cursor()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    driver = connection.connection
+        return db.cursor()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    driver = db.connection
     if driver.prepare_threshold is None:
         # Django leaves psycopg's threshold unset, which refuses even an explicit `prepare`;
         # one never reached keeps every other query unprepared, as Django wants.
         driver.prepare_threshold = _NEVER_AUTOMATICALLY
-    return connection.make_cursor(_prepared_cursor_class()(driver))
+    return db.make_cursor(_prepared_cursor_class()(driver))
 
 
 @functools.cache
@@ -100,7 +105,7 @@ def _prepared_cursor_class():
 
 def fetch_value(sql: str, params: list):
     """Run `sql` and return the first column of its first row, or None."""
-    with _cursor() as cursor:
+    with _cursor(connections[DEFAULT_DB_ALIAS]) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else row[0]
@@ -112,7 +117,8 @@ def fetch_one(sql: str, params: list, *models) -> tuple | None:
 
     Columns after the models' are appended to the tuple as the driver returned them (see
     `field_value`)."""
-    with _cursor() as cursor:
+    db = connections[DEFAULT_DB_ALIAS]  # one lookup: the `connection` proxy costs one per use
+    with _cursor(db) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -120,7 +126,7 @@ def fetch_one(sql: str, params: list, *models) -> tuple | None:
     instances, start = [], 0
     for model in models:
         width = len(_fields(model))
-        instances.append(_instance(model, row[start : start + width]))
+        instances.append(_instance(model, row[start : start + width], db))
         start += width
     return (*instances, *row[start:])
 
@@ -136,14 +142,14 @@ def field_value(model, name: str, value):
 
 def execute(sql: str, params: list) -> int:
     """Run a write statement; return how many rows it changed."""
-    with _cursor() as cursor:
+    with _cursor(connections[DEFAULT_DB_ALIAS]) as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
 
 
 def fetch_all(sql: str, params: list) -> list[tuple]:
     """Run `sql` and return its rows as the driver returned them."""
-    with _cursor() as cursor:
+    with _cursor(connections[DEFAULT_DB_ALIAS]) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
@@ -162,8 +168,9 @@ def _insert_sql(model, vendor: str) -> tuple[str, tuple]:
 
 def insert_parts(obj) -> tuple[str, list]:
     """Return `INSERT ... RETURNING pk` for a new instance and its parameters."""
-    statement, fields = _insert_sql(type(obj), connection.vendor)
-    return statement, [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    db = connections[DEFAULT_DB_ALIAS]
+    statement, fields = _insert_sql(type(obj), db.vendor)
+    return statement, [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields]
 
 
 def insert(obj):
