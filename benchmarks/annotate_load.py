@@ -380,6 +380,11 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
+def _postgres_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
 def _tree(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     children = [int(p) for p in out.split()]
@@ -503,7 +508,10 @@ def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") 
         _wait_for(port)
         _wait_until_idle(counted)
         pids = [p for proc in counted for p in _tree(proc.pid)]
+        web_pids = _tree(web.pid)
         cpu_before = _cpu_seconds(pids)
+        web_before = _cpu_seconds(web_pids)
+        pg_before = _cpu_seconds(_postgres_pids())
         load_before = os.getloadavg()[0]
         queue = ctx.Queue()
         start = time.perf_counter()
@@ -522,6 +530,8 @@ def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") 
         if server == "ours":
             time.sleep(args.drain)  # the QC checks queued at the end are part of the cost
         cpu = _cpu_seconds(pids) - cpu_before
+        web_cpu = _cpu_seconds(web_pids) - web_before
+        pg_cpu = _cpu_seconds(_postgres_pids()) - pg_before
         load_after = os.getloadavg()[0]
     finally:
         for proc in procs_to_stop:
@@ -547,6 +557,10 @@ def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") 
         "next_p95": _pct(nexts, 0.95),
         "submit_p95": _pct(submits, 0.95),
         "cpu_ms": 1000 * cpu / n if n else float("nan"),
+        # Parts, for reading only: the web server's share (the rest is the QC worker), and
+        # PostgreSQL's CPU, which no figure of either server counts.
+        "web_ms": 1000 * web_cpu / n if n else float("nan"),
+        "pg_ms": 1000 * pg_cpu / n if n else float("nan"),
         "errors": sum(r["errors"] for r in results),
         "paused_seen": sum(r["paused"] for r in results),
         "load": (load_before + load_after) / 2,
@@ -558,7 +572,8 @@ def _print_row(r: dict) -> None:
     print(
         f"  {r['server']:9s} {r['loop']:8s} {r['clients']:3d} {r['judgments']:6d} "
         f"{r['jps']:6.1f} {r['next_p50']:7.1f} {r['next_p95']:7.1f} {r['submit_p95']:7.1f} "
-        f"{r['cpu_ms']:7.2f} {r['double_serves']:4d} {r['lost']:4d} {r['duplicated']:3d} "
+        f"{r['cpu_ms']:7.2f} {r['web_ms']:6.2f} {r['pg_ms']:6.2f} "
+        f"{r['double_serves']:4d} {r['lost']:4d} {r['duplicated']:3d} "
         f"{r['errors']:4d} {r['paused_seen']:4d}/{r['paused_members']:<3d} {r['qc_checks']:3d} "
         f"{r['load']:5.2f}",
         flush=True,
@@ -610,8 +625,8 @@ def main() -> None:
         _recreate_db(args.reference_db)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
-        "  server    loop     N  judgm    j/s  next50  next95 subm95  cpu_ms  dbl lost dup "
-        "errs paused(seen/members) qc load"
+        "  server    loop     N  judgm    j/s  next50  next95 subm95  cpu_ms web_ms  pg_ms "
+        " dbl lost dup errs paused(seen/members) qc load"
     )
     summary = []
     for n in args.clients:
