@@ -487,9 +487,14 @@ def annotator_trust_weights(*, project: Project) -> dict[int, float]:
 
 
 def disputed_item_ids(
-    *, project: Project, policy: QualityPolicy | None = None, item_ids: list[int] | None = None
+    *,
+    project: Project,
+    policy: QualityPolicy | None = None,
+    item_ids: Iterable[int] | None = None,
 ) -> dict[int, float]:
     """Return item id -> majority share for items split beyond the policy's threshold.
+
+    `item_ids` limits it to those items: a list, or a query of ids (run as a subquery).
 
     Uses unflagged primary labels of the policy's review sources on non-gold items; items that
     already have an adjudication are left out.

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -314,7 +314,7 @@ def annotators_assess(
 # ---- disagreement queue and adjudication ---------------------------------------------------
 
 
-def disagreements_mark(*, project: Project, item_ids: list[int] | None = None) -> int:
+def disagreements_mark(*, project: Project, item_ids: Iterable[int] | None = None) -> int:
     """Set ``needs_review`` on items split beyond the policy threshold; return how many changed.
 
     Only sets the mark: an adjudication clears it, and a later vote that settles the item does
@@ -410,24 +410,35 @@ def agreement_report_store(
 # ---- whole checks --------------------------------------------------------------------------
 
 
+# How far before an annotator's previous check their labels are looked at again for disputes.
+RECHECK_OVERLAP = timedelta(minutes=5)
+
+
 def qc_check_annotator(
     *, project: Project, annotator_id: int, trigger: str = AnnotatorAssessment.Trigger.AUTO
 ) -> QCCheckResult:
     """Assess one annotator (pausing per policy) and queue their disputed items for review.
 
     Reads only the annotator's labels and the other labels on the same items, so its cost
-    grows with the annotator's work, not the project's.
+    grows with the annotator's work, not the project's. Disputes are looked for only on the
+    items they labelled since their previous check (`RECHECK_OVERLAP` earlier, for labels
+    committed while it ran): an item's split changes only with a new label, and each new
+    label's author is checked after it; the project-wide check looks at every item.
     """
     policy = selectors.quality_policy_get(project=project)
+    previous = (
+        AnnotatorAssessment.objects.filter(project=project, annotator_id=annotator_id)
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
     result = annotators_assess(
         project=project, annotator_ids=[annotator_id], pause=policy.enabled, trigger=trigger
     )
-    item_ids = list(
-        Judgment.objects.filter(project=project, annotator_id=annotator_id)
-        .values_list("item_id", flat=True)
-        .distinct()
-    )
-    result.items_marked = disagreements_mark(project=project, item_ids=item_ids)
+    labelled = Judgment.objects.filter(project=project, annotator_id=annotator_id)
+    if previous is not None:
+        labelled = labelled.filter(created_at__gte=previous - RECHECK_OVERLAP)
+    result.items_marked = disagreements_mark(project=project, item_ids=labelled.values("item_id"))
     return result
 
 
