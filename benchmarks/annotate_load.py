@@ -380,6 +380,12 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
+def _cpu_ticks() -> tuple[int, int]:
+    """(all, stolen) CPU ticks of the machine: a virtual machine's host may take its CPUs."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields), fields[7]
+
+
 def _postgres_pids() -> list[int]:
     out = subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -512,6 +518,7 @@ def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") 
         cpu_before = _cpu_seconds(pids)
         web_before = _cpu_seconds(web_pids)
         pg_before = _cpu_seconds(_postgres_pids())
+        ticks_before = _cpu_ticks()
         load_before = os.getloadavg()[0]
         queue = ctx.Queue()
         start = time.perf_counter()
@@ -532,6 +539,8 @@ def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") 
         cpu = _cpu_seconds(pids) - cpu_before
         web_cpu = _cpu_seconds(web_pids) - web_before
         pg_cpu = _cpu_seconds(_postgres_pids()) - pg_before
+        ticks_after = _cpu_ticks()
+        stolen = (ticks_after[1] - ticks_before[1]) / max(1, ticks_after[0] - ticks_before[0])
         load_after = os.getloadavg()[0]
     finally:
         for proc in procs_to_stop:
@@ -564,6 +573,7 @@ def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") 
         "errors": sum(r["errors"] for r in results),
         "paused_seen": sum(r["paused"] for r in results),
         "load": (load_before + load_after) / 2,
+        "steal": stolen,
         **audit,
     }
 
@@ -575,7 +585,7 @@ def _print_row(r: dict) -> None:
         f"{r['cpu_ms']:7.2f} {r['web_ms']:6.2f} {r['pg_ms']:6.2f} "
         f"{r['double_serves']:4d} {r['lost']:4d} {r['duplicated']:3d} "
         f"{r['errors']:4d} {r['paused_seen']:4d}/{r['paused_members']:<3d} {r['qc_checks']:3d} "
-        f"{r['load']:5.2f}",
+        f"{r['load']:5.2f} {100 * r['steal']:4.0f}%",
         flush=True,
     )
 
@@ -626,7 +636,7 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
         "  server    loop     N  judgm    j/s  next50  next95 subm95  cpu_ms web_ms  pg_ms "
-        " dbl lost dup errs paused(seen/members) qc load"
+        " dbl lost dup errs paused(seen/members) qc load steal"
     )
     summary = []
     for n in args.clients:
@@ -646,13 +656,15 @@ def main() -> None:
             "\nMedian ratios, ours / reference (the reference always runs its two calls; for "
             "ours one-trip, 'next' is the submit that returns the next item):"
         )
-        print("  N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load  failures")
+        print("  N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load steal failures")
         for n, loop, ratio, rows in summary:
             bad = sum(r["double_serves"] + r["lost"] + r["duplicated"] + r["errors"] for r in rows)
             load = statistics.median(r["load"] for r in rows)
+            steal = statistics.median(r["steal"] for r in rows)
             print(
                 f"  {n:2d} {loop:9s} {ratio['jps']:5.2f}x {ratio['next_p50']:7.2f}x "
-                f"{ratio['next_p95']:7.2f}x {ratio['cpu_ms']:9.2f}x   {load:5.2f}  {bad}"
+                f"{ratio['next_p95']:7.2f}x {ratio['cpu_ms']:9.2f}x   {load:5.2f} "
+                f"{100 * steal:4.0f}%  {bad}"
             )
         pauses = sum(r["paused_seen"] for *_, rows in summary for r in rows)
         members = sum(r["paused_members"] for *_, rows in summary for r in rows)
