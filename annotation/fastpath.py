@@ -2,20 +2,20 @@
 
 An annotation tool's server cost is its per-item calls: `next`, `submit` (with the next item
 in the same answer), `prefetch`, `heartbeat`, `release`. Made with an API token, such a call
-needs none of the middleware that follows `SecurityMiddleware` (static files, sessions, the
-CSRF check, session login, messages, frame and content-security headers for pages, the
+needs none of the middleware that follows `SecurityMiddleware` and the static files (sessions,
+the CSRF check, session login, messages, frame and content-security headers for pages, the
 login-lockout page), and none of DRF's per-request work (content negotiation, parser and
 authenticator objects, serializers): together they cost more CPU than the call's own SQL.
 
 `TokenFastPathMiddleware` sits right after `SecurityMiddleware` (so HTTPS redirects, HSTS and
-`nosniff` still apply). For a POST carrying `Authorization: Token ...` to a view built on
-`FastApiView`, it answers the call itself: the token is checked by the same one-query
-`annotation.auth.TokenAuthentication`, the JSON body parsed with orjson, the body checked
-against the view's `annotation.inputs` declaration and the view's `answer` called; errors go
-through the same `annotation.apis.exception_handler` as DRF's, so the answers are the same as
-on the full path, byte for byte apart from JSON whitespace. Any other request (a browser with
-its session and CSRF token, another content type, another view) takes the full path.
-"""
+`nosniff` still apply) and WhiteNoise (static files only). For a POST carrying `Authorization:
+Token ...` to a view built on `FastApiView`, it answers the call itself: the token is checked
+by the same one-query `annotation.auth.TokenAuthentication`, the JSON body parsed with orjson,
+the body checked against the view's `annotation.inputs` declaration and the view's `answer`
+called; errors go through the same `annotation.apis.exception_handler` as DRF's, so the answers
+are the same as on the full path, byte for byte apart from JSON whitespace. Any other request
+(a browser with its session and CSRF token, another content type, another view) takes the full
+path."""
 
 import functools
 
