@@ -1,6 +1,5 @@
 """Read-side queries: what a caller may see, and the blind payload served to annotators."""
 
-import functools
 import math
 
 from django.core.cache import cache
@@ -11,9 +10,6 @@ from annotation import sql
 from annotation.access import user_can_review
 from annotation.models import (
     Assignment,
-    Candidate,
-    Item,
-    ItemCandidate,
     Judgment,
     Membership,
     Project,
@@ -21,6 +17,7 @@ from annotation.models import (
     Round,
     TaskKind,
 )
+from annotation.serving import payload_sql
 
 SLOT_LABELS = "ABCDEFGH"
 # How long annotators see the same project totals (see `project_progress`).
@@ -55,8 +52,14 @@ def project_options(project: Project) -> dict:
 
 
 def assignment_payload(*, assignment: Assignment) -> dict:
-    """Return what an annotator sees for an assignment: no model, checkpoint, gold or kind."""
-    rows = sql.fetch_all(_payload_sql(), [assignment.item_id])
+    """Return what an annotator sees for an assignment: no model, checkpoint, gold or kind.
+
+    The rows come with the assignment when its claim read them in the same statement
+    (`annotation.serving`), else from one read here.
+    """
+    rows = getattr(assignment, "payload_rows", None)
+    if rows is None:
+        rows = sql.fetch_all(payload_sql("%s"), [assignment.item_id])
     by_position = {position: text for position, text, _, _ in rows}
     prompt_text, messages = (rows[0][2], rows[0][3]) if rows else ("", None)
     if messages is not None:
@@ -71,20 +74,6 @@ def assignment_payload(*, assignment: Assignment) -> dict:
             for i, position in enumerate(assignment.display_order)
         ],
     }
-
-
-@functools.cache
-def _payload_sql() -> str:
-    # Served on every `next`: written out once (see annotation/sql.py), and it selects
-    # only what an annotator may see.
-    return (
-        f'SELECT ic."position", c."text", p."text", p."messages" '
-        f'FROM "{ItemCandidate._meta.db_table}" ic '
-        f'JOIN "{Candidate._meta.db_table}" c ON c."id" = ic."candidate_id" '
-        f'JOIN "{Item._meta.db_table}" i ON i."id" = ic."item_id" '
-        f'JOIN "{Prompt._meta.db_table}" p ON p."id" = i."prompt_id" '
-        f'WHERE ic."item_id" = %s'
-    )
 
 
 def project_progress(*, project: Project, user) -> dict:

@@ -84,12 +84,12 @@ def test_query_budget_with_token_authentication():
         body = {"choice": "A", "idempotency_key": "q"}
         response = client.post(f"/api/assignments/{aid}/submit/", body, format="json")
     assert response.status_code == 201
-    assert len(_statements(next_queries)) <= 7, _statements(next_queries)
+    assert len(_statements(next_queries)) <= 5, _statements(next_queries)
     assert len(_statements(submit_queries)) <= 3, _statements(submit_queries)
 
 
 def test_query_budget_of_submit_returning_the_next_item():
-    # One round trip costs fewer statements than the submit and the next it replaces (3 + 7).
+    # One round trip costs fewer statements than the submit and the next it replaces (3 + 5).
     project = make_project(overlap=2)
     user = make_user()
     add_member(project, user)
@@ -100,7 +100,7 @@ def test_query_budget_of_submit_returning_the_next_item():
         body = {"choice": "A", "idempotency_key": "q", "next": True}
         response = client.post(f"/api/assignments/{aid}/submit/", body, format="json")
     assert response.status_code == 201 and response.json()["next"] is not None
-    assert len(_statements(queries)) <= 7, _statements(queries)
+    assert len(_statements(queries)) <= 5, _statements(queries)
 
 
 def _statements(captured) -> list[str]:
