@@ -82,6 +82,7 @@ def _cursor(db):
         or db.queries_logged
     ):
         return db.cursor()
+    db.close_if_health_check_failed()  # as Django's own cursors do (CONN_HEALTH_CHECKS)
     db.ensure_connection()
     db.validate_thread_sharing()
     driver = db.connection
