@@ -20,45 +20,53 @@ loop (CPU time per thread in every gunicorn worker thread) and prints the top 15
     .venv/bin/python benchmarks/annotate_load.py --reference --clients 1 20 --seconds 10 \\
         --repeats 2 --profile
 
-Measured 2026-12-03 on a 2-core virtual machine with nothing else running, but whose host took
-up to 40 % of its CPU time at moments (steal, printed per run since), load average 1.3-4.9
-(the benchmark's own clients, servers and PostgreSQL), 2000 items, 10 s per run, 3 alternated
-repetitions (`--reference --clients 1 20 --seconds 10 --repeats 3 --profile`, commit ac63a0a):
+Measured 2026-12-03 on a 2-core virtual machine with nothing else running, whose host took
+0-11 % of its CPU time (steal, printed per run), load average 1.2-5.6 (the benchmark's own
+clients, servers and PostgreSQL), 2000 items, 10 s per run, 4 alternated repetitions
+(`--reference --clients 1 20 --seconds 10 --repeats 4 --profile`, commit 0cd992e):
 
     Median ratios, ours / reference (the reference always runs its two calls; for ours
     one-trip, 'next' is the submit that returns the next item):
-      N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load  failures
-       1 two-call   0.98x    0.90x    1.16x      0.86x    1.56  0
-       1 one-trip   1.64x    0.86x    1.07x      0.60x    1.45  0
-      20 two-call   1.16x    0.73x    0.76x      0.66x    4.38  0
-      20 one-trip   1.99x    0.86x    1.00x      0.41x    4.24  0
-    QC: 572 checks run by the worker during the runs; pauses seen: 0 refused calls, 0 paused
+      N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load steal failures
+       1 two-call   1.02x    0.68x    1.03x      0.84x    1.54    5%  1
+       1 one-trip   1.64x    0.87x    1.09x      0.61x    1.56    1%  0
+      20 two-call   1.16x    0.88x    0.79x      0.65x    3.98    0%  0
+      20 one-trip   1.67x    1.10x    0.94x      0.46x    3.56    0%  2
+    QC: 873 checks run by the worker during the runs; pauses seen: 3 refused calls, 3 paused
     memberships at the end
 
-Absolute figures at N=20: reference 69.7-123.9 j/s at 9.8-14.1 ms of server CPU per judgment;
-ours one-round-trip 206.6-210.4 j/s at 4.7-4.9 ms (web 3.5-3.7 ms, QC worker ~1.2 ms), and
-PostgreSQL 2.9 ms per judgment against the reference's 2.4-3.2 (not counted on either side).
-At N=1 the QC worker is a third of our CPU (each check recomputes the annotator's figures
-over their whole history, ~900 judgments by the end of a run) and the p95 of the call that
-returns the next item is 17.7-40.3 ms against the reference's 16.6-33.0. Targets: N=20
-one-round-trip 2.0x j/s (1.99x) and 0.5x CPU (0.41x); N=1 0.6x p95 next not reached (1.07x);
-0 double serves, lost or duplicated judgments and 0 errors in every run.
+Absolute figures at N=20: reference 106.7-114.6 j/s at 10.8-11.6 ms of server CPU per
+judgment; ours one round trip 163.5-200.0 j/s at 5.0-5.6 ms (web 3.5-4.1 ms, the rest the QC
+worker), PostgreSQL 2.6-3.1 ms per judgment against the reference's 2.5-2.7 (counted on
+neither side). QC paused one of the 20 simulated annotators in two of the four N=20
+one-round-trip runs and in one N=1 two-call run (after 43 judgments); the paused annotator
+stops, so those runs have 19 annotators (1.43x and 1.67x against 1.75x and 1.67x without) and
+one failed call each (the submit whose lease the pause ended). Earlier runs saw no pause in
+572 checks (`--repeats 3` on commit ac63a0a: N=20 one round trip 1.99x j/s, 0.41x CPU; N=1
+1.64x j/s, 1.07x p95 next); which check pauses a careful simulated annotator is not yet
+traced (the audit prints the failed checks since). At N=1 the QC worker is 40 % of our CPU
+(each check recomputes the annotator's figures over their whole history, ~1000 judgments by
+the end of a run), and the p95 of the call that returns the next item is 15.4-16.4 ms against
+the reference's 12.2-19.5. Targets: N=20 one round trip 2.0x j/s (1.67x; 1.99x in the earlier
+run) and 0.5x CPU (0.46x; 0.41x); N=1 0.6x p95 next (1.09x): not reached.
 
 What got it there (single runs of this script before and after each step): token calls to the
 per-item views skip the page middleware and DRF's request objects (`annotation/fastpath.py`;
 N=20 CPU 0.68x -> 0.59x); the serving statements are prepared once per connection (planning
 cost PostgreSQL more than running them; 0.59x -> 0.52x, and 1.21x -> 1.62x j/s); planned
 repeats claimed by a written-out statement (the ORM compiled it in ~10 ms, every 20th item); an
-annotator's QC check looks for disputes only on items labelled since their previous check.
+annotator's QC check looks for disputes only on items labelled since their previous check; a
+primary item's claim, its lease and its payload read in one statement (5 statements per one-
+round-trip judgment instead of 7).
 
 Profile (cProfile, thread CPU time of the gunicorn worker threads, 20 annotators one round
-trip, 1059 judgments, 10.8 s with the profiler's overhead), top by own time: model
-`__init__` 0.47 s (8371 calls, 7.9 per judgment: user, token, assignment, project, judgment,
-membership, claimed item, new assignment), gthread's `SimpleQueue.get` hand-off 0.34,
-psycopg prepare bookkeeping 0.25, `getattr` 0.25, psycopg `_send_query_prepared` 0.23 (6.9
-statements per judgment), psycopg `wait` 0.22, `isinstance` 0.16, parameter dumping 0.16,
-result selection 0.14, `setattr` 0.13, `get_dumper` 0.12, lazy-object `__getattribute__`
-0.11, gunicorn header parsing 0.10, dict `get` 0.10, `_exec_command` (BEGIN/COMMIT) 0.09.
+trip, 1101 judgments, 10.2 s with the profiler's overhead), top by own time: model `__init__`
+0.33 s (7741 calls, 7.0 per judgment: user, token, assignment, project, judgment, membership,
+the new assignment), `getattr` 0.25, psycopg prepare bookkeeping 0.21, psycopg `wait` 0.20,
+`_send_query_prepared` 0.18 (5.1 statements per judgment), `isinstance` 0.16, parameter
+dumping 0.14, result selection 0.13, `setattr` 0.13, `_exec_command` (BEGIN/COMMIT) 0.11,
+`get_dumper` 0.11, lazy-object `__getattribute__` 0.11, gunicorn header parsing 0.11, our row
+to instance 0.10, timestamp parsing 0.10.
 """
 
 import argparse
@@ -234,6 +242,11 @@ def _audit_ours_in_child(env: dict, accepted: list[int]) -> dict:
         "qc_checks": AnnotatorAssessment.objects.count(),
         "gold": Judgment.objects.filter(is_gold=True).count(),
         "repeats": Judgment.objects.filter(is_repeat=True).count(),
+        # Which QC checks paused a simulated annotator, and after how many judgments.
+        "pause_checks": [
+            f"{','.join(a.failed_checks)}@{a.n_judgments}"
+            for a in AnnotatorAssessment.objects.filter(verdict="pause", applied=True)
+        ],
     }
 
 
@@ -287,6 +300,7 @@ def _audit_reference(args, accepted: list[int]) -> dict:
         "qc_checks": 0,
         "gold": 0,
         "repeats": 0,
+        "pause_checks": [],
     }
 
 
@@ -599,7 +613,7 @@ def _print_row(r: dict) -> None:
         f"{r['cpu_ms']:7.2f} {r['web_ms']:6.2f} {r['pg_ms']:6.2f} "
         f"{r['double_serves']:4d} {r['lost']:4d} {r['duplicated']:3d} "
         f"{r['errors']:4d} {r['paused_seen']:4d}/{r['paused_members']:<3d} {r['qc_checks']:3d} "
-        f"{r['load']:5.2f} {100 * r['steal']:4.0f}%",
+        f"{r['load']:5.2f} {100 * r['steal']:4.0f}% {' '.join(r['pause_checks'])}",
         flush=True,
     )
 
@@ -650,7 +664,7 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
         "  server    loop     N  judgm    j/s  next50  next95 subm95  cpu_ms web_ms  pg_ms "
-        " dbl lost dup errs paused(seen/members) qc load steal"
+        " dbl lost dup errs paused(seen/members) qc load steal pauses(checks@judgments)"
     )
     summary = []
     for n in args.clients:
