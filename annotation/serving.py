@@ -431,6 +431,9 @@ def serve_for_membership(
             item = Item(pk=repeat_of.item_id)
             # Sides flipped: the same candidates, shown in the reverse order.
             order = list(reversed(repeat_of.display_order))
+    # A claim that finds nothing leaves the random stream as it was (seeded simulations
+    # replay the same way whichever statement did the claim).
+    unclaimed = rng.getstate()
     assignment = Assignment(
         project=project,
         item_id=None if item is None else item.pk,
@@ -445,10 +448,13 @@ def serve_for_membership(
     if item is None:
         assignment.kind = Assignment.Kind.PRIMARY
         if connection.vendor == "postgresql":
-            leased = _claim_primary_leased(assignment, project=project, user=user)
-            return assignment if leased else None
+            if _claim_primary_leased(assignment, project=project, user=user):
+                return assignment
+            rng.setstate(unclaimed)
+            return None
         item = _claim_primary(project=project, user=user)
         if item is None:
+            rng.setstate(unclaimed)
             return None
         assignment.item_id = item.pk
     return sql.insert(assignment)
