@@ -31,6 +31,8 @@ class Text:
             return None
         if not isinstance(value, str):
             return _Error("Not a valid string.")
+        if "\x00" in value:  # PostgreSQL text cannot hold it (DRF refuses it alike)
+            return _Error("Null characters are not allowed.")
         if self.trim:
             value = value.strip()
         if not value and not self.allow_blank:

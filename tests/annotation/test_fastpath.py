@@ -143,6 +143,9 @@ def test_declared_inputs_check_json_types_and_fill_defaults():
         )
     assert set(refused.value.detail) == {"choice", "confidence", "rationale", "html"}
     assert inputs.SUBMIT.validate({"rationale": "  kept  "})["rationale"] == "  kept  "
+    with pytest.raises(ValidationError) as nul:
+        inputs.SUBMIT.validate({"idempotency_key": "k\x00", "rationale": "a\x00b"})
+    assert set(nul.value.detail) == {"idempotency_key", "rationale"}
 
 
 def test_the_schema_serializer_declares_the_same_fields():
