@@ -55,7 +55,11 @@ class QualityPolicy(models.Model):
         default=0.15,
         help_text="Pause when |share of left presses - 0.5| exceeds this and is significant.",
     )
-    position_alpha = models.FloatField(default=0.01, help_text="Binomial test level.")
+    position_alpha = models.FloatField(
+        default=0.001,
+        help_text="Binomial test level, spent over all of an annotator's checks since they "
+        "started or were resumed: the chance that this test ever pauses an unbiased annotator.",
+    )
     # Speed.
     min_seconds_per_item = models.FloatField(
         default=1.0, help_text="A judgment faster than this is too fast, whatever the length."
@@ -79,13 +83,20 @@ class QualityPolicy(models.Model):
         help_text="Pause when the skip rate exceeds the other annotators' rate on the same "
         "items by more than this, and significantly.",
     )
-    skip_alpha = models.FloatField(default=0.01, help_text="Binomial test level of skip rate.")
+    skip_alpha = models.FloatField(
+        default=0.001,
+        help_text="Binomial test level of the skip rate, spent over all of an annotator's "
+        "checks: the chance that this test ever pauses an annotator who skips like the others.",
+    )
     # Agreement with the other annotators' consensus.
     min_consensus_votes = models.PositiveIntegerField(
         default=20, help_text="Votes on shared items needed before the consensus test."
     )
     consensus_alpha = models.FloatField(
-        default=0.01, help_text="Pause when agreement with the consensus is this improbable."
+        default=0.001,
+        help_text="Pause when agreement with the consensus is this improbable, the level spent "
+        "over all of an annotator's checks: the chance that this test ever pauses an "
+        "annotator who labels like the others.",
     )
     # Disagreement queue.
     disagreement_threshold = models.FloatField(

@@ -257,6 +257,29 @@ def _resumed_since(*, project: Project, annotator_ids: list[int] | None) -> dict
     )
 
 
+def annotator_checks_taken(
+    *, project: Project, since: dict[int, datetime | None]
+) -> dict[int, int]:
+    """Return annotator id -> QC checks of them stored since their last resume (``since``).
+
+    Counts the assessments a check wrote (pass or pause; not a researcher's manual pause or
+    a resume): how many times the tests looked at this annotator, which the next check needs
+    to spend its test levels (`evaluation.stats.quality.spent_level`). One query.
+    """
+    taken: dict[int, int] = dict.fromkeys(since, 0)
+    rows = (
+        AnnotatorAssessment.objects.filter(project=project, annotator_id__in=list(since))
+        .filter(verdict__in=[AnnotatorAssessment.Verdict.PASS, AnnotatorAssessment.Verdict.PAUSE])
+        .exclude(trigger=AnnotatorAssessment.Trigger.MANUAL)
+        .values_list("annotator_id", "created_at")
+    )
+    for annotator_id, created_at in rows:
+        start = since[annotator_id]
+        if start is None or created_at > start:
+            taken[annotator_id] += 1
+    return taken
+
+
 def _own_judgments(
     *, project: Project, annotator_ids: list[int] | None, since: dict[int, datetime]
 ) -> list[qc_metrics.OwnJudgment]:

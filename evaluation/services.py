@@ -118,15 +118,21 @@ def _messages(error: ValidationError) -> str:
 # ---- annotator checks ----------------------------------------------------------------------
 
 
-def annotator_verdict(*, quality: qc_metrics.AnnotatorQuality, policy: QualityPolicy) -> Verdict:
-    """Judge each check alone with `assess_annotator`, so every failure carries its code."""
+def annotator_verdict(
+    *, quality: qc_metrics.AnnotatorQuality, policy: QualityPolicy, look: int | None = None
+) -> Verdict:
+    """Judge each check alone with `assess_annotator`, so every failure carries its code.
+
+    ``look`` is which check of the annotator this is since their last resume (1 = the first);
+    the test levels are spent across their checks (`evaluation.stats.quality.spent_level`).
+    """
     thresholds = qc_metrics.quality_thresholds(policy=policy)
     failed, reasons, notes = [], [], []
     for code, argument in CHECKS:
         metric = getattr(quality, argument)
         if metric is None:
             continue
-        result = assess_annotator(thresholds=thresholds, **{argument: metric})
+        result = assess_annotator(thresholds=thresholds, look=look, **{argument: metric})
         if result.status == PAUSE:
             failed.append(code)
             reasons.extend(result.reasons)
@@ -281,8 +287,13 @@ def annotators_assess(
         return result
     qualities = selectors.annotator_quality(project=project, annotator_ids=ids, policy=policy)
     ordered = sorted(qualities.values(), key=lambda q: q.annotator_id)
+    taken = selectors.annotator_checks_taken(
+        project=project, since={q.annotator_id: q.since for q in ordered}
+    )
     for quality in progress(ordered) if progress else ordered:
-        verdict = annotator_verdict(quality=quality, policy=policy)
+        verdict = annotator_verdict(
+            quality=quality, policy=policy, look=taken[quality.annotator_id] + 1
+        )
         applied = False
         if verdict.status == PAUSE and pause:
             applied = annotator_pause(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy import stats
@@ -107,7 +107,9 @@ class QualityThresholds:
     min_repeat_pairs: int = field(default=5, metadata={"help": "repeats needed to judge"})
     min_stability: float = field(default=0.6, metadata={"help": "self-agreement floor"})
     min_position_decisions: int = field(default=20, metadata={"help": "A/B votes needed"})
-    position_alpha: float = field(default=0.01, metadata={"help": "binomial test level"})
+    position_alpha: float = field(
+        default=0.001, metadata={"help": "binomial test level over all of an annotator's checks"}
+    )
     max_position_skew: float = field(
         default=0.15, metadata={"help": "|left share - 0.5| must also exceed this"}
     )
@@ -117,9 +119,13 @@ class QualityThresholds:
     max_skip_excess: float = field(
         default=0.2, metadata={"help": "skip rate - pool rate must also exceed this"}
     )
-    skip_alpha: float = field(default=0.01, metadata={"help": "skip-rate binomial test level"})
+    skip_alpha: float = field(
+        default=0.001, metadata={"help": "skip-rate test level over all of an annotator's checks"}
+    )
     min_consensus_votes: int = field(default=20, metadata={"help": "shared votes needed"})
-    consensus_alpha: float = field(default=0.01, metadata={"help": "outlier test level"})
+    consensus_alpha: float = field(
+        default=0.001, metadata={"help": "outlier test level over all of an annotator's checks"}
+    )
 
 
 @dataclass(frozen=True)
@@ -336,12 +342,51 @@ def _below(successes: int, n: int, floor: float, confidence: float | None) -> bo
 def _bound_note(successes: int, n: int, t: QualityThresholds) -> str:
     if t.confidence is None:
         return ""
-    return f" ({t.confidence:.0%} upper bound {wilson_interval(successes, n, t.confidence)[1]:.2f})"
+    upper = wilson_interval(successes, n, t.confidence)[1]
+    return f" ({100 * t.confidence:.3g}% upper bound {upper:.2f})"
+
+
+def spent_level(level: float, look: int | None) -> float:
+    """Return the test level of an annotator's ``look``-th check (1, 2, ...) under a budget.
+
+    An annotator is checked again and again as their judgments accumulate, and testing every
+    check at the same level pauses an honest annotator with a chance that grows without bound
+    with the number of checks (Armitage, McPherson & Rowe 1969, "Repeated significance tests
+    on accumulating data"). The k-th check gets ``level * 6 / (pi^2 k^2)``: since the sum of
+    1/k^2 is pi^2/6, all the checks together spend at most ``level`` (a union bound), so
+    ``level`` is the chance over the annotator's whole time in the project that the test
+    pauses them while they label like everyone else. ``look=None`` is a single test at
+    ``level``.
+    """
+    if look is None:
+        return level
+    if look < 1:
+        raise ValueError("look counts checks from 1")
+    return level * 6 / (math.pi**2 * look**2)
+
+
+def thresholds_at_look(thresholds: QualityThresholds, look: int | None) -> QualityThresholds:
+    """Return the thresholds with every test level spent for check ``look`` (`spent_level`).
+
+    The binomial and consensus tests get the spent level; the Wilson bounds of gold accuracy
+    and self-agreement the confidence whose error is the spent level.
+    """
+    if look is None:
+        return thresholds
+    t = thresholds
+    return replace(
+        t,
+        position_alpha=spent_level(t.position_alpha, look),
+        skip_alpha=spent_level(t.skip_alpha, look),
+        consensus_alpha=spent_level(t.consensus_alpha, look),
+        confidence=None if t.confidence is None else 1 - spent_level(1 - t.confidence, look),
+    )
 
 
 def assess_annotator(
     *,
     thresholds: QualityThresholds,
+    look: int | None = None,
     gold: GoldAccuracy | None = None,
     stability: Stability | None = None,
     position: PositionBias | None = None,
@@ -354,11 +399,14 @@ def assess_annotator(
     Checks without enough data are not failed; they are listed in ``notes``. With
     ``thresholds.confidence`` set, gold accuracy and self-agreement fail only when their
     Wilson upper bound is below the floor, so a short unlucky streak does not pause a good
-    annotator while a clear failure needs few items.
+    annotator while a clear failure needs few items. ``look`` is which check of this
+    annotator this is (1 for the first since they started or were resumed): the test levels
+    are then spent across their checks (`thresholds_at_look`), so checking often does not
+    raise the chance of pausing an honest annotator.
     """
     reasons: list[str] = []
     notes: list[str] = []
-    t = thresholds
+    t = thresholds_at_look(thresholds, look)
     if gold is not None:
         if gold.n_items < t.min_gold_items:
             notes.append(f"gold: {gold.n_items} of {t.min_gold_items} items needed")
@@ -394,7 +442,7 @@ def assess_annotator(
         ):
             reasons.append(
                 f"left answer chosen {position.left_share:.0%} of {position.n_decisions}"
-                f" decisions (binomial p = {position.p_value:.2g})"
+                f" decisions (binomial p = {position.p_value:.2g} < {t.position_alpha:.2g})"
             )
     if speed is not None:
         n_timed = speed.flagged.size
@@ -415,7 +463,8 @@ def assess_annotator(
         ):
             reasons.append(
                 f"skipped {skips.rate:.0%} of {skips.n_served} items, others"
-                f" {skips.pool_rate:.0%} of the same items (binomial p = {skips.p_value:.2g})"
+                f" {skips.pool_rate:.0%} of the same items"
+                f" (binomial p = {skips.p_value:.2g} < {t.skip_alpha:.2g})"
             )
     if consensus is not None:
         if consensus.n_votes < t.min_consensus_votes:
@@ -425,6 +474,7 @@ def assess_annotator(
         elif consensus.p_value < t.consensus_alpha:
             reasons.append(
                 f"agreed with consensus {consensus.n_agree} of {consensus.n_votes} times,"
-                f" {consensus.expected_agree:.1f} expected (p = {consensus.p_value:.2g})"
+                f" {consensus.expected_agree:.1f} expected"
+                f" (p = {consensus.p_value:.2g} < {t.consensus_alpha:.2g})"
             )
     return Assessment(PAUSE if reasons else PASS, reasons, notes)

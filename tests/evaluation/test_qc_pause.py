@@ -91,7 +91,9 @@ def test_wrong_gold_answers_pause_the_annotator_flag_their_labels_and_end_their_
     membership = Membership.objects.get(project=project, user=bad)
     assert result.paused == [bad.pk]
     assert membership.status == Membership.Status.PAUSED and membership.flagged
-    assert "gold accuracy 0.00 < 0.70 on 10 items (95% upper bound 0.28)" in (
+    # The first check spends 6/pi^2 of the 5 % error: 96.96 % confidence, z = 2.165, and
+    # the Wilson upper bound of 0 of 10 is z^2 / (10 + z^2) = 0.319.
+    assert "gold accuracy 0.00 < 0.70 on 10 items (97% upper bound 0.32)" in (
         membership.status_reason
     )
     assert Judgment.objects.filter(annotator=bad).count() == 10
@@ -390,3 +392,38 @@ def test_the_library_confidence_rule_spares_short_streaks_but_not_clear_failures
     assert assess_annotator(thresholds=confident, stability=streak).status == "pass"
     verdict = assess_annotator(thresholds=confident, stability=failure)
     assert verdict.reasons == ["self-agreement 0.12 < 0.60 on 8 repeats (95% upper bound 0.47)"]
+
+
+def test_each_check_spends_a_smaller_level_and_a_resume_starts_the_count_again(project):
+    # Given an annotator checked twice (pass), then paused by a researcher and resumed
+    user = _member(project, "steady")
+    researcher = make_user("lead")
+    items = make_items(project, 60)
+    for i, item in enumerate(items[:20]):
+        _judge(project, user, item, "A", shown="A" if i % 2 else "B")
+    services.qc_check_annotator(project=project, annotator_id=user.pk)
+    services.qc_check_annotator(project=project, annotator_id=user.pk)
+    services.annotator_pause_manual(
+        project=project, annotator_id=user.pk, by=researcher, reason="x"
+    )
+    checks = {user.pk: None}
+    # Then the stored checks count as looks, the manual pause does not
+    assert services.selectors.annotator_checks_taken(project=project, since=checks) == {user.pk: 2}
+    resume = services.annotator_resume(project=project, annotator_id=user.pk, by=researcher)
+    since = {user.pk: resume.created_at}
+    assert services.selectors.annotator_checks_taken(project=project, since=since) == {user.pk: 0}
+
+    # When they press left 17 times of 20 after the resume (two-sided p = 0.0026)
+    for i, item in enumerate(items[20:40]):
+        _judge(project, user, item, "A", shown="A" if i % 7 else "B")
+    first = services.qc_check_annotator(project=project, annotator_id=user.pk)
+    # Then the first look after the resume tests at 0.001 * 6 / pi^2 = 0.00061: a pass
+    assert first.paused == []
+    assert first.assessments[0].metrics["position"]["p_value"] == pytest.approx(0.002577, abs=1e-5)
+
+    # And a policy with a 5 % budget pauses them at the second look, whose level is
+    # 0.05 * 6 / (pi^2 * 2^2) = 0.0076
+    services.quality_policy_update(project=project, position_alpha=0.05)
+    second = services.qc_check_annotator(project=project, annotator_id=user.pk)
+    assert second.paused == [user.pk]
+    assert "(binomial p = 0.0026 < 0.0076)" in second.assessments[0].reasons[0]

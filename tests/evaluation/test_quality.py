@@ -18,6 +18,8 @@ from evaluation.stats.quality import (
     intra_rater_stability,
     position_bias,
     speed_outliers,
+    spent_level,
+    thresholds_at_look,
     wilson_interval,
 )
 
@@ -197,3 +199,68 @@ class TestAssessAnnotator:
         assert position.p_value < 1e-6
         result = assess_annotator(thresholds=QualityThresholds(), position=position)
         assert result.status == PASS
+
+
+def _ever_paused_for_position(thresholds: QualityThresholds, *, every: int, looks: int, spend):
+    """Exact chance that an unbiased annotator (each A/B press left with p 1/2) is ever paused
+    by the position test, checked after every ``every`` decisions ``looks`` times.
+
+    Dynamic programming over the count of left presses: at each check the mass in the
+    region our `assess_annotator` rejects is absorbed (paused) and the rest walks on.
+    """
+    alive = np.zeros(1)
+    alive[0] = 1.0
+    paused = 0.0
+    for look in range(1, looks + 1):
+        for _ in range(every):
+            alive = np.concatenate([alive, [0.0]]) * 0.5 + np.concatenate([[0.0], alive]) * 0.5
+        n = alive.size - 1
+        for n_left in range(n + 1):
+            position = position_bias(["left"] * n_left + ["right"] * (n - n_left))
+            verdict = assess_annotator(
+                thresholds=thresholds, look=look if spend else None, position=position
+            )
+            if verdict.status == PAUSE:
+                paused += alive[n_left]
+                alive[n_left] = 0.0
+    return paused
+
+
+class TestSpentLevels:
+    def test_the_levels_of_all_checks_sum_to_at_most_the_budget(self):
+        levels = [spent_level(0.01, k) for k in range(1, 100_001)]
+        assert levels[0] == pytest.approx(0.01 * 6 / math.pi**2)  # 0.006079
+        assert levels[1] == pytest.approx(levels[0] / 4)
+        assert sum(levels) < 0.01 and sum(levels) > 0.01 * 0.9999
+        assert spent_level(0.01, None) == 0.01
+        with pytest.raises(ValueError):
+            spent_level(0.01, 0)
+
+    def test_thresholds_at_a_look_spend_every_test_and_the_wilson_confidence(self):
+        t = thresholds_at_look(QualityThresholds(confidence=0.95), 2)
+        assert t.position_alpha == pytest.approx(0.001 * 6 / (math.pi**2 * 4))
+        assert t.consensus_alpha == t.skip_alpha == t.position_alpha
+        assert 1 - t.confidence == pytest.approx(0.05 * 6 / (math.pi**2 * 4))
+        assert thresholds_at_look(QualityThresholds(), None) == QualityThresholds()
+
+    def test_checking_often_pauses_an_unbiased_annotator_unless_the_level_is_spent(self):
+        # Given the position test at 1 % checked every 20 decisions up to 400 decisions
+        thresholds = QualityThresholds(position_alpha=0.01)
+        unspent = _ever_paused_for_position(thresholds, every=20, looks=20, spend=False)
+        spent = _ever_paused_for_position(thresholds, every=20, looks=20, spend=True)
+        # Then testing each check at 1 % pauses an unbiased annotator more often than 1 %
+        # (Armitage, McPherson & Rowe 1969), while spending keeps it under the budget
+        assert unspent > 0.01
+        assert spent < 0.01 and spent < unspent / 2
+
+    def test_a_spent_level_still_pauses_an_always_left_annotator_at_the_first_check(self):
+        position = position_bias(["left"] * 20)
+        assert (
+            assess_annotator(thresholds=QualityThresholds(), look=1, position=position).status
+            == PAUSE
+        )
+        # and at a late check with enough presses: 60 of 60 left, p = 1.7e-18
+        late = position_bias(["left"] * 60)
+        assert (
+            assess_annotator(thresholds=QualityThresholds(), look=50, position=late).status == PAUSE
+        )
