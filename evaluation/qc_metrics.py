@@ -320,6 +320,16 @@ def crowd_figures(
     return Crowd(consensus, pool_seconds)
 
 
+def main_source(rows: list[OwnJudgment]) -> str:
+    """Return the label source an annotator is judged as: the one most of their rows carry."""
+    return Counter(row.source for row in rows).most_common(1)[0][0]
+
+
+def timed_and_skip_checked(rows: list[OwnJudgment]) -> bool:
+    """Return whether speed and skips are judged: not for machine accounts (simulated, AI)."""
+    return main_source(rows) not in MACHINE_SOURCES
+
+
 def annotator_figures(
     rows: list[OwnJudgment],
     *,
@@ -336,7 +346,7 @@ def annotator_figures(
     an item id to the length of its prompt and answers (for the reading-speed floor).
     """
     annotator_id = rows[0].annotator_id
-    source = Counter(row.source for row in rows).most_common(1)[0][0]
+    source = main_source(rows)
     floor_chars = policy.min_seconds_per_item * policy.reading_chars_per_second
     gold_rows, pairs, sides, seconds, lengths, pool = [], [], [], [], [], []
     for row in rows:
@@ -357,7 +367,7 @@ def annotator_figures(
             lengths.append(max(chars.get(row.item_id) or 0, floor_chars))
             pool.extend(crowd.pool_seconds.get((source, row.item_id), ()))
     right, answered = gold_tallies(gold_rows).get(annotator_id, (0, 0))
-    machine = source in MACHINE_SOURCES
+    machine = not timed_and_skip_checked(rows)
     return AnnotatorQuality(
         annotator_id=annotator_id,
         source=source,

@@ -364,12 +364,16 @@ def annotator_quality(
         return {}
     item_ids = sorted({row.item_id for row in own_rows})
     originals = _originals(own_rows)
-    chars = _item_chars(item_ids)
     crowd = _crowd(project=project, item_ids=item_ids, since=since, policy=policy)
     rows_by_annotator: dict[int, list[qc_metrics.OwnJudgment]] = defaultdict(list)
     for row in own_rows:
         rows_by_annotator[row.annotator_id].append(row)
-    skips = _skip_rates(project=project, annotator_ids=list(rows_by_annotator), since=since)
+    # Text lengths and skip rates only for those whose speed and skips are judged.
+    checked = [
+        a for a, rows in rows_by_annotator.items() if qc_metrics.timed_and_skip_checked(rows)
+    ]
+    chars = _item_chars(sorted({row.item_id for a in checked for row in rows_by_annotator[a]}))
+    skips = _skip_rates(project=project, annotator_ids=checked, since=since) if checked else {}
     return {
         annotator_id: qc_metrics.annotator_figures(
             rows,
