@@ -81,7 +81,6 @@ class OwnJudgment(NamedTuple):
     repeat_of_id: int | None
     item_is_gold: bool
     gold_answer: Any
-    created_at: datetime
     server_time_ms: int | None
 
 
@@ -98,7 +97,6 @@ OWN_FIELDS = (
     "assignment__repeat_of_id",
     "item__is_gold",
     "item__gold_answer",
-    "created_at",
     "server_time_ms",
 )
 
@@ -113,7 +111,6 @@ class CrowdJudgment(NamedTuple):
     ranking: list[int] | None
     source: str
     time_spent_ms: int | None
-    created_at: datetime
     server_time_ms: int | None
 
 
@@ -125,7 +122,6 @@ CROWD_FIELDS = (
     "ranking",
     "source",
     "time_spent_ms",
-    "created_at",
     "server_time_ms",
 )
 
@@ -292,18 +288,15 @@ class Crowd:
     pool_seconds: dict[tuple[str, int], list[float]]
 
 
-def crowd_figures(
-    rows: Iterable[CrowdJudgment], *, since: dict[int, datetime], policy: QualityPolicy
-) -> Crowd:
+def crowd_figures(rows: Iterable[CrowdJudgment], *, policy: QualityPolicy) -> Crowd:
     """Return the crowd's consensus outliers per source and its seconds per (source, item).
 
-    Labels a rater gave before their last resume are no part of the crowd.
+    ``rows`` leave out the labels a rater gave before their last resume
+    (`evaluation.selectors.after_last_resume`): those are no part of the crowd.
     """
     votes: dict[str, list[tuple[Rater, int, str]]] = defaultdict(list)
     pool_seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
     for row in rows:
-        if row.annotator_id in since and row.created_at <= since[row.annotator_id]:
-            continue
         rater = rater_key(row.annotator_id, row.external_rater)
         votes[row.source].append(
             (rater, row.item_id, consensus_label(label_of(row.choice, row.ranking)))

@@ -280,19 +280,22 @@ def annotator_checks_taken(
     return taken
 
 
-def _own_judgments(
+def after_last_resume(since: dict[int, datetime]) -> Q:
+    """Return the filter leaving out judgments a rater made before their last resume."""
+    condition = Q()
+    for annotator_id, at in since.items():
+        condition &= ~Q(annotator_id=annotator_id, created_at__lte=at)
+    return condition
+
+
+def _own_judgments_qs(
     *, project: Project, annotator_ids: list[int] | None, since: dict[int, datetime]
-) -> list[qc_metrics.OwnJudgment]:
-    """Load the annotators' judgments made since their last resume, oldest first."""
+):
+    """Return the annotators' judgments made since their last resume."""
     judgments = Judgment.objects.filter(project=project, annotator_id__isnull=False)
     if annotator_ids is not None:
         judgments = judgments.filter(annotator_id__in=annotator_ids)
-    rows = judgments.order_by("id").values_list(*qc_metrics.OWN_FIELDS)
-    return [
-        row
-        for row in map(qc_metrics.OwnJudgment._make, rows)
-        if row.annotator_id not in since or row.created_at > since[row.annotator_id]
-    ]
+    return judgments.filter(after_last_resume(since))
 
 
 def _originals(rows: list[qc_metrics.OwnJudgment]) -> dict[int, object]:
@@ -324,18 +327,18 @@ def _item_chars(item_ids: list[int]) -> dict[int, int]:
 
 
 def _crowd(
-    *, project: Project, item_ids: list[int], since: dict[int, datetime], policy: QualityPolicy
+    *, project: Project, items, since: dict[int, datetime], policy: QualityPolicy
 ) -> qc_metrics.Crowd:
-    """Return the crowd on these items: everyone's primary, unflagged labels there."""
+    """Return the crowd on these items (a query of item ids): everyone's primary, unflagged
+    labels there."""
     rows = (
-        Judgment.objects.filter(project=project, item_id__in=item_ids)
+        Judgment.objects.filter(project=project, item_id__in=items)
+        .filter(after_last_resume(since))
         .without_repeats()
         .unflagged()
         .values_list(*qc_metrics.CROWD_FIELDS)
     )
-    return qc_metrics.crowd_figures(
-        map(qc_metrics.CrowdJudgment._make, rows), since=since, policy=policy
-    )
+    return qc_metrics.crowd_figures(map(qc_metrics.CrowdJudgment._make, rows), policy=policy)
 
 
 def annotator_quality(
@@ -359,12 +362,15 @@ def annotator_quality(
     """
     policy = policy or quality_policy_get(project=project)
     since = _resumed_since(project=project, annotator_ids=annotator_ids)
-    own_rows = _own_judgments(project=project, annotator_ids=annotator_ids, since=since)
+    own = _own_judgments_qs(project=project, annotator_ids=annotator_ids, since=since)
+    own_rows = list(
+        map(qc_metrics.OwnJudgment._make, own.order_by("id").values_list(*qc_metrics.OWN_FIELDS))
+    )
     if not own_rows:
         return {}
-    item_ids = sorted({row.item_id for row in own_rows})
     originals = _originals(own_rows)
-    crowd = _crowd(project=project, item_ids=item_ids, since=since, policy=policy)
+    # The items as a subquery: no list of thousands of ids to send and parse.
+    crowd = _crowd(project=project, items=own.values("item_id"), since=since, policy=policy)
     rows_by_annotator: dict[int, list[qc_metrics.OwnJudgment]] = defaultdict(list)
     for row in own_rows:
         rows_by_annotator[row.annotator_id].append(row)

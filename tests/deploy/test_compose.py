@@ -470,3 +470,9 @@ def test_redis_requires_the_password_every_broker_url_carries(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_background_work_yields_the_cpu_to_web():
+    # Docker's default CPU weight is 1024; web keeps it, the default-queue worker has less.
+    assert "cpu_shares" not in SERVICES["web"]
+    assert 0 < SERVICES["worker-cpu"]["cpu_shares"] < 1024
