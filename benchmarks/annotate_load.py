@@ -9,7 +9,9 @@ figures do not carry over from one machine to the next, the ratio does.
 Ours runs as deployed: production settings (a throwaway secret; requests carry the proxy's
 `X-Forwarded-Proto: https`), every serving feature on (overlap 3, 5 % gold, 5 % planned
 repeats, strength and confidence, leases, permissions, token auth) and quality control: a
-real Celery worker consumes the QC checks during the run, and its CPU counts in "server CPU".
+real Celery worker consumes the QC checks during the run (at a quarter of web's CPU weight,
+as docker-compose.yml runs it), every check queued by the run has run before the CPU is read,
+and the worker's CPU counts in "server CPU".
 The annotators are machine accounts (group prefloop:simulated, not speed-checked) that
 mostly prefer the same answer, so QC has no reason to pause them; the pauses seen are
 printed. Two loops of ours: the classic two calls (next, then submit) and the one round trip
@@ -18,37 +20,58 @@ the call that returns the next item. `--profile` adds one cProfile run of our on
 loop (CPU time per thread in every gunicorn worker thread) and prints the top 15 functions.
 
     .venv/bin/python benchmarks/annotate_load.py --reference --clients 1 20 --seconds 10 \\
-        --repeats 2 --profile
+        --repeats 4 --profile
 
-Measured 2026-12-03 on a 2-core virtual machine with nothing else running, whose host took
-0-11 % of its CPU time (steal, printed per run), load average 1.2-5.6 (the benchmark's own
-clients, servers and PostgreSQL), 2000 items, 10 s per run, 4 alternated repetitions
-(`--reference --clients 1 20 --seconds 10 --repeats 4 --profile`, commit 0cd992e):
+Measured 2026-12-04 on a 2-core virtual machine with nothing else running, 2000 items, 10 s per
+run. This machine's speed varied by up to 2x between runs of the same code (the reference
+alone: 65.5-130.3 j/s at N=20 in one invocation) while its host took only 0-8 % as steal, so
+only the ratios of neighbouring runs mean anything. Two invocations:
+
+`--reference --clients 1 20 --seconds 10 --repeats 2` on commit 1416f2a (the QC worker at a
+quarter of web's CPU weight, as compose runs it, and every queued check drained and counted):
 
     Median ratios, ours / reference (the reference always runs its two calls; for ours
     one-trip, 'next' is the submit that returns the next item):
       N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load steal failures
-       1 two-call   1.02x    0.68x    1.03x      0.84x    1.54    5%  1
-       1 one-trip   1.64x    0.87x    1.09x      0.61x    1.56    1%  0
-      20 two-call   1.16x    0.88x    0.79x      0.65x    3.98    0%  0
-      20 one-trip   1.67x    1.10x    0.94x      0.46x    3.56    0%  2
-    QC: 873 checks run by the worker during the runs; pauses seen: 3 refused calls, 3 paused
+       1 two-call   1.27x    0.70x    0.81x      0.71x    1.30    4%  0
+       1 one-trip   1.49x    1.09x    1.25x      0.59x    1.17    4%  0
+      20 two-call   1.08x    0.93x    0.81x      0.71x    2.66    1%  0
+      20 one-trip   1.59x    1.17x    1.14x      0.45x    2.60    0%  0
+    QC: 354 checks run by the worker during the runs; pauses seen: 0 refused calls, 0 paused
     memberships at the end
 
-Absolute figures at N=20: reference 106.7-114.6 j/s at 10.8-11.6 ms of server CPU per
-judgment; ours one round trip 163.5-200.0 j/s at 5.0-5.6 ms (web 3.5-4.1 ms, the rest the QC
-worker), PostgreSQL 2.6-3.1 ms per judgment against the reference's 2.5-2.7 (counted on
-neither side). QC paused one of the 20 simulated annotators in two of the four N=20
-one-round-trip runs and in one N=1 two-call run (after 43 judgments); the paused annotator
-stops, so those runs have 19 annotators (1.43x and 1.67x against 1.75x and 1.67x without) and
-one failed call each (the submit whose lease the pause ended). Earlier runs saw no pause in
-572 checks (`--repeats 3` on commit ac63a0a: N=20 one round trip 1.99x j/s, 0.41x CPU; N=1
-1.64x j/s, 1.07x p95 next); which check pauses a careful simulated annotator is not yet
-traced (the audit prints the failed checks since). At N=1 the QC worker is 40 % of our CPU
-(each check recomputes the annotator's figures over their whole history, ~1000 judgments by
-the end of a run), and the p95 of the call that returns the next item is 15.4-16.4 ms against
-the reference's 12.2-19.5. Targets: N=20 one round trip 2.0x j/s (1.67x; 1.99x in the earlier
-run) and 0.5x CPU (0.46x; 0.41x); N=1 0.6x p95 next (1.09x): not reached.
+`--reference --clients 1 20 --seconds 10 --repeats 4 --profile` on commit e7e7dba (worker at
+full weight, a fixed 2 s drain, which left up to half of the last checks of an N=20 run
+unconsumed and uncounted: 21-30 checks where the drained runs above count 61-73):
+
+      N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load steal failures
+       1 two-call   1.36x    0.67x    0.78x      0.67x    1.54    0%  0
+       1 one-trip   1.64x    0.89x    1.08x      0.52x    1.51    0%  0
+      20 two-call   1.11x    0.75x    1.07x      0.60x    4.00    0%  0
+      20 one-trip   1.41x    1.16x    1.43x      0.44x    3.76    0%  0
+    QC: 542 checks run by the worker during the runs; pauses seen: 0 refused calls, 0 paused
+    memberships at the end
+
+Absolute figures at N=20 one round trip (drained run): ours 147.5-155.3 j/s at 5.6-5.8 ms of
+server CPU per judgment (web 4.4-4.6 ms, the rest the QC worker), the reference 87.6-104.6
+j/s at 11.6-13.8 ms; PostgreSQL 3.2-3.6 ms per judgment against the reference's 2.7-3.1
+(counted on neither side). At N=1 the p95 of the call that returns the next item is 19.6-24.1
+ms against the reference's 15.1-21.5 (its p50 11.3-13.5 against 9.9-13.8). No QC pause in any
+of the 20 runs of ours (896 checks) since the tests spend their level across an annotator's
+checks (`evaluation.stats.quality.spent_level`); before, checking every 20 judgments at 1 %
+each paused a careful simulated annotator in 3 of 16 runs, each time by the position test
+after 27-43 judgments. Targets: N=20 one round trip 2.0x j/s (1.59x, 1.41x; 1.99x in an
+earlier run) and 0.5x CPU (0.45x, 0.44x): the CPU target is met, the throughput one not; N=1
+0.6x p95 next (1.25x, 1.08x): not reached; 0 double serves, lost or duplicated judgments and
+0 failed calls in every run: met.
+
+Profile (cProfile, thread CPU time of the gunicorn worker threads, 20 annotators one round
+trip, commit e7e7dba), top by own time: the thread pool's queue `get` 1.57 s over 608 calls
+(threads waiting for a request: the profiler's clock counts the wake-ups), model `__init__`
+0.33 s (4179 calls), `getattr` 0.28, psycopg prepare bookkeeping 0.21, `isinstance` 0.19,
+`_send_query_prepared` 0.19 (3042 statements), `setattr` 0.14, parameter dumping 0.13, result
+selection 0.12, BEGIN/COMMIT 0.12, lazy-object `__getattribute__` 0.11, dict `get` 0.11,
+gunicorn header parsing 0.10, `get_dumper` 0.10.
 
 What got it there (single runs of this script before and after each step): token calls to the
 per-item views skip the page middleware and DRF's request objects (`annotation/fastpath.py`;
@@ -57,16 +80,9 @@ cost PostgreSQL more than running them; 0.59x -> 0.52x, and 1.21x -> 1.62x j/s);
 repeats claimed by a written-out statement (the ORM compiled it in ~10 ms, every 20th item); an
 annotator's QC check looks for disputes only on items labelled since their previous check; a
 primary item's claim, its lease and its payload read in one statement (5 statements per one-
-round-trip judgment instead of 7).
-
-Profile (cProfile, thread CPU time of the gunicorn worker threads, 20 annotators one round
-trip, 1101 judgments, 10.2 s with the profiler's overhead), top by own time: model `__init__`
-0.33 s (7741 calls, 7.0 per judgment: user, token, assignment, project, judgment, membership,
-the new assignment), `getattr` 0.25, psycopg prepare bookkeeping 0.21, psycopg `wait` 0.20,
-`_send_query_prepared` 0.18 (5.1 statements per judgment), `isinstance` 0.16, parameter
-dumping 0.14, result selection 0.13, `setattr` 0.13, `_exec_command` (BEGIN/COMMIT) 0.11,
-`get_dumper` 0.11, lazy-object `__getattribute__` 0.11, gunicorn header parsing 0.11, our row
-to instance 0.10, timestamp parsing 0.10.
+round-trip judgment instead of 7); QC loads text lengths and skip rates only for the
+annotators whose speed and skips it judges, filters out pre-resume labels in SQL and reads the
+crowd's items as a subquery.
 """
 
 import argparse
