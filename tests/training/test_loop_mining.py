@@ -51,7 +51,12 @@ def make_answered_items(project, n: int, **kwargs):
     # A fixed seed, not the project's pk: ids depend on the tests that ran before.
     rng = random.Random(2)
     items = make_items(project, n, **kwargs)
-    for item in items:
+    for i, item in enumerate(items):
+        # Prompt texts of their own too: the factory's carry a global serial, and the models'
+        # scores (so the expected orders and the distinct shares) would change with test order.
+        item.prompt.text = f"Answered prompt {i}?"
+        item.prompt.content_hash = content_hash(item.prompt.text)
+        item.prompt.save(update_fields=["text", "content_hash"])
         answers = rng.sample(ANSWERS, project.k)
         for slot, text in zip(item.slots.order_by("position"), answers, strict=True):
             slot.candidate.text = text
