@@ -376,7 +376,10 @@ class Assignment(models.Model):
             models.Index(
                 fields=["project", "status", "lease_expires"], name="assignment_lease_idx"
             ),
-            models.Index(fields=["annotator", "project", "status"], name="assignment_user_idx"),
+            # In `seq` order too: a planned repeat is the annotator's earliest eligible item.
+            models.Index(
+                fields=["annotator", "project", "status", "seq"], name="assignment_user_seq_idx"
+            ),
         ]
 
     def __str__(self) -> str:

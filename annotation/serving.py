@@ -162,7 +162,17 @@ def _primary_params(*, project: Project, user_id: int) -> list:
 
 
 def _primary_open_sql(alias: str) -> str:
-    """FROM/WHERE of the open primary items this annotator has not had (`_primary_params`)."""
+    """FROM/WHERE of the open primary items this annotator has not had (`_primary_params`).
+
+    The NOT EXISTS must stay a probe by item (a few rows: the item's assignments), whatever
+    the statistics say: misled by statistics taken before the annotator had any assignment
+    (a new project, a prepared statement's generic plan), PostgreSQL made it an anti-join
+    over, or an index scan of, the annotator's whole history once per candidate item, a cost
+    that grew with every judgment (3.3 ms at 300). `OFFSET 0` keeps it a subquery run per
+    item (PostgreSQL does not turn a subquery with an OFFSET into a join) and `+ 0` keeps the
+    annotator's column out of any index lookup, so the item's index is the one that serves
+    it. Pinned by tests/annotation/test_serving_plans.py.
+    """
     items, rounds = Item._meta.db_table, Round._meta.db_table
     assignments = Assignment._meta.db_table
     return f"""
@@ -171,8 +181,9 @@ def _primary_open_sql(alias: str) -> str:
           AND {alias}r."status" = %s AND {alias}."n_taken" < %s
           AND NOT EXISTS (
               SELECT 1 FROM "{assignments}" {alias}a
-              WHERE {alias}a."item_id" = {alias}."id" AND {alias}a."annotator_id" = %s
+              WHERE {alias}a."item_id" = {alias}."id" AND {alias}a."annotator_id" + 0 = %s
                 AND {alias}a."status" <> %s AND {alias}a."kind" <> %s
+              OFFSET 0
           )
     """
 
@@ -181,7 +192,8 @@ def _claim_primary(*, project: Project, user) -> Item | None:
     """Claim a least-served open item this annotator has not had, and count it taken.
 
     One statement, the hottest of the serving path: the first subquery takes the
-    `SHUFFLE_WINDOW` least-filled items the annotator may have and locks the first of them
+    `SHUFFLE_WINDOW` least-filled items the annotator may have (as an array, so they are read
+    by primary key rather than by a scan of the project's items) and locks the first of them
     in the annotator's own order (`FOR UPDATE ... SKIP LOCKED` re-checks `n_taken < overlap`
     on the newest row version, so a row a concurrent claim filled is passed over); only when
     every one of them was taken meanwhile does the second, unshuffled one run. The outer
@@ -203,10 +215,10 @@ def _claim_primary_sql(vendor: str) -> str:
         WHERE "id" = COALESCE(
             (
                 SELECT i."id" FROM "{items}" i
-                WHERE i."id" IN (
+                WHERE i."id" = ANY(ARRAY(
                     SELECT w."id" {_primary_open_sql("w")}
                     ORDER BY w."n_taken", w."id" LIMIT {SHUFFLE_WINDOW}
-                ) AND i."n_taken" < %s
+                )) AND i."n_taken" < %s
                 ORDER BY i."n_taken", MD5(CAST(i."id" AS TEXT) || %s)
                 LIMIT 1
                 {sql.lock(vendor, "i", skip_locked=True)}
@@ -274,6 +286,7 @@ def _claim_gold_sql() -> str:
     items, rounds = Item._meta.db_table, Round._meta.db_table
     assignments = Assignment._meta.db_table
     # Gold has no overlap cap, so nothing to skip or re-check: the UPDATE's row lock suffices.
+    # The NOT EXISTS is a per-item probe by item, as in `_primary_open_sql`.
     return f"""
         UPDATE "{items}" SET "n_taken" = "n_taken" + 1
         WHERE "id" = (
@@ -281,7 +294,9 @@ def _claim_gold_sql() -> str:
             WHERE g."project_id" = %s AND g."is_gold" AND gr."status" = %s
               AND NOT EXISTS (
                   SELECT 1 FROM "{assignments}" ga
-                  WHERE ga."item_id" = g."id" AND ga."annotator_id" = %s AND ga."status" <> %s
+                  WHERE ga."item_id" = g."id" AND ga."annotator_id" + 0 = %s
+                    AND ga."status" <> %s
+                  OFFSET 0
               )
               AND EXISTS (SELECT 1 {_primary_open_sql("w")})
             ORDER BY MD5(CAST(g."id" AS TEXT) || %s)
