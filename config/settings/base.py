@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from kombu import Queue
 
+from config import postgres
 from config.env import BASE_DIR, env
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="insecure-dev-key-change-me")
@@ -68,6 +69,7 @@ DATABASES = {
 }
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
 DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+postgres.use_for(DATABASES["default"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

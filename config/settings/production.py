@@ -8,6 +8,7 @@ import shlex
 
 from django.core.exceptions import ImproperlyConfigured
 
+from config import postgres
 from config.env import env
 from config.settings.base import *  # noqa: F403
 from config.settings.base import (
@@ -57,6 +58,7 @@ DATABASES = {
 # Persistent connections per worker thread; 0 behind PgBouncer in transaction mode.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+postgres.use_for(DATABASES["default"])
 # PgBouncer in transaction-pooling mode cannot keep the server-side cursors `.iterator()` uses.
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
     "DB_DISABLE_SERVER_SIDE_CURSORS", default=False

@@ -2,6 +2,7 @@
 
 import tempfile
 
+from config import postgres
 from config.env import env
 from config.settings.base import *  # noqa: F403
 from config.settings.base import BASE_DIR
@@ -10,6 +11,7 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/prefloop"),
 }
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+postgres.use_for(DATABASES["default"])
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ARTIFACT_ROOT = BASE_DIR / "var" / "test-artifacts"
 # Tests build their tiny models and snapshots under the system temp folder (pytest tmp_path).
