@@ -85,6 +85,22 @@ def locked_with_project_sql(model, where: str, vendor: str, extra: str = "") -> 
     )
 
 
+# Overdue leases are given back by a sweep once every this many claims per project and
+# server process, and whenever a claim finds nothing: run on every claim, the sweep was one
+# statement in five of a submit that returns the next item. An item whose lease ran out
+# comes back a few claims later than its lease says (it still counts as taken meanwhile, so
+# the least-filled items are served first), and never later than when nothing else is left.
+LEASE_SWEEP_EVERY = 16
+_claims_seen: dict[int, int] = {}
+
+
+def _leases_expire_if_due(*, project_id: int, now) -> None:
+    seen = _claims_seen.get(project_id, 0)
+    _claims_seen[project_id] = seen + 1
+    if seen % LEASE_SWEEP_EVERY == 0:
+        leases_expire(project_id=project_id, now=now)
+
+
 def leases_expire(*, project_id: int, now=None) -> int:
     """Mark overdue leases of a project expired and give their items back; return how many."""
     now = now or timezone.now()
@@ -106,7 +122,7 @@ def leases_expire(*, project_id: int, now=None) -> int:
 
 @functools.cache
 def _overdue_sql(vendor: str) -> str:
-    # Run by every `next`: written out once (see annotation/sql.py).
+    # Run every few claims: written out once (see annotation/sql.py).
     return (
         f'SELECT "id", "item_id", "kind" FROM "{Assignment._meta.db_table}" '
         f'WHERE "project_id" = %s AND "status" = %s AND "lease_expires" < %s '
@@ -430,7 +446,7 @@ def serve_for_membership(
     spent = _skip_budget_spent(membership=membership, project=project)
     if spent is not None:
         raise SkipBudgetSpent(spent[0])
-    leases_expire(project_id=project.pk, now=now)
+    _leases_expire_if_due(project_id=project.pk, now=now)
 
     # The kind is drawn first, whatever the annotator did before; gold and repeats are then
     # served only while primary work remains for them (see the module docstring).
@@ -462,16 +478,19 @@ def serve_for_membership(
     )
     if item is None:
         assignment.kind = Assignment.Kind.PRIMARY
-        if connection.vendor == "postgresql":
-            if _claim_primary_leased(assignment, project=project, user=user):
-                return assignment
-            rng.setstate(unclaimed)
-            return None
-        item = _claim_primary(project=project, user=user)
-        if item is None:
-            rng.setstate(unclaimed)
-            return None
-        assignment.item_id = item.pk
+        # Nothing to claim may only mean leases ran out since the last sweep: sweep, try again.
+        for last_try in (False, True):
+            if connection.vendor == "postgresql":
+                if _claim_primary_leased(assignment, project=project, user=user):
+                    return assignment
+            else:
+                item = _claim_primary(project=project, user=user)
+                if item is not None:
+                    assignment.item_id = item.pk
+                    return sql.insert(assignment)
+            if last_try or not leases_expire(project_id=project.pk, now=now):
+                rng.setstate(unclaimed)
+                return None
     return sql.insert(assignment)
 
 
