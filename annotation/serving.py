@@ -172,6 +172,7 @@ def _primary_params(*, project: Project, user_id: int) -> list:
         Round.Status.OPEN,
         project.overlap,
         user_id,
+        project.pk,
         Assignment.Status.EXPIRED,
         Assignment.Kind.REPEAT,
     ]
@@ -180,14 +181,14 @@ def _primary_params(*, project: Project, user_id: int) -> list:
 def _primary_open_sql(alias: str) -> str:
     """FROM/WHERE of the open primary items this annotator has not had (`_primary_params`).
 
-    The NOT EXISTS must stay a probe by item (a few rows: the item's assignments), whatever
-    the statistics say: misled by statistics taken before the annotator had any assignment
-    (a new project, a prepared statement's generic plan), PostgreSQL made it an anti-join
-    over, or an index scan of, the annotator's whole history once per candidate item, a cost
-    that grew with every judgment (3.3 ms at 300). `OFFSET 0` keeps it a subquery run per
-    item (PostgreSQL does not turn a subquery with an OFFSET into a join) and `+ 0` keeps the
-    annotator's column out of any index lookup, so the item's index is the one that serves
-    it. Pinned by tests/annotation/test_serving_plans.py.
+    The items they had are excluded with NOT IN over one read of their assignments in the
+    project, which PostgreSQL runs once per statement and hashes (a "hashed SubPlan"): the
+    cost is one pass over their history, whatever the plan's statistics say. As NOT EXISTS,
+    misled by statistics taken before the annotator had any assignment (a new project; a
+    prepared statement's generic plan, made in its first seconds and kept), PostgreSQL ran
+    it as a nested-loop join over their whole history once per candidate item (3.3 ms at 300
+    judgments), or scanned the whole table once per candidate item. Pinned by
+    tests/annotation/test_serving_plans.py. (`item_id` is never NULL, so NOT IN is exact.)
     """
     items, rounds = Item._meta.db_table, Round._meta.db_table
     assignments = Assignment._meta.db_table
@@ -195,11 +196,10 @@ def _primary_open_sql(alias: str) -> str:
         FROM "{items}" {alias} JOIN "{rounds}" {alias}r ON {alias}r."id" = {alias}."round_id"
         WHERE {alias}."project_id" = %s AND NOT {alias}."is_gold"
           AND {alias}r."status" = %s AND {alias}."n_taken" < %s
-          AND NOT EXISTS (
-              SELECT 1 FROM "{assignments}" {alias}a
-              WHERE {alias}a."item_id" = {alias}."id" AND {alias}a."annotator_id" + 0 = %s
+          AND {alias}."id" NOT IN (
+              SELECT {alias}a."item_id" FROM "{assignments}" {alias}a
+              WHERE {alias}a."annotator_id" = %s AND {alias}a."project_id" = %s
                 AND {alias}a."status" <> %s AND {alias}a."kind" <> %s
-              OFFSET 0
           )
     """
 
@@ -289,6 +289,7 @@ def _claim_gold(*, project: Project, user) -> Item | None:
             project.pk,
             Round.Status.OPEN,
             user.pk,
+            project.pk,
             Assignment.Status.EXPIRED,
             *_primary_params(project=project, user_id=user.pk),
             _serving_salt(user.pk),
@@ -302,17 +303,15 @@ def _claim_gold_sql() -> str:
     items, rounds = Item._meta.db_table, Round._meta.db_table
     assignments = Assignment._meta.db_table
     # Gold has no overlap cap, so nothing to skip or re-check: the UPDATE's row lock suffices.
-    # The NOT EXISTS is a per-item probe by item, as in `_primary_open_sql`.
+    # The gold they had: one hashed read of their assignments, as in `_primary_open_sql`.
     return f"""
         UPDATE "{items}" SET "n_taken" = "n_taken" + 1
         WHERE "id" = (
             SELECT g."id" FROM "{items}" g JOIN "{rounds}" gr ON gr."id" = g."round_id"
             WHERE g."project_id" = %s AND g."is_gold" AND gr."status" = %s
-              AND NOT EXISTS (
-                  SELECT 1 FROM "{assignments}" ga
-                  WHERE ga."item_id" = g."id" AND ga."annotator_id" + 0 = %s
-                    AND ga."status" <> %s
-                  OFFSET 0
+              AND g."id" NOT IN (
+                  SELECT ga."item_id" FROM "{assignments}" ga
+                  WHERE ga."annotator_id" = %s AND ga."project_id" = %s AND ga."status" <> %s
               )
               AND EXISTS (SELECT 1 {_primary_open_sql("w")})
             ORDER BY MD5(CAST(g."id" AS TEXT) || %s)
