@@ -23,55 +23,46 @@ loop (CPU time per thread in every gunicorn worker thread) and prints the top 15
         --repeats 4 --profile
 
 Measured 2026-12-04 on a 2-core virtual machine with nothing else running, 2000 items, 10 s per
-run. This machine's speed varied by up to 2x between runs of the same code (the reference
-alone: 65.5-130.3 j/s at N=20 in one invocation) while its host took only 0-8 % as steal, so
-only the ratios of neighbouring runs mean anything. Two invocations:
+run, commit d410f10. This machine's speed varies from run to run (the reference alone: 23.8-
+45.7 j/s at N=1 today) and its host takes up to 21 % of the CPU as steal, more often in the
+reference's runs than in ours, so only the ratios of neighbouring runs mean anything, and a
+ratio from a pair with much steal on one side means less. Three invocations:
 
-`--reference --clients 1 20 --seconds 10 --repeats 2` on commit 1416f2a (the QC worker at a
-quarter of web's CPU weight, as compose runs it, and every queued check drained and counted):
+`--reference --clients 1 20 --seconds 10 --repeats 4 --profile`:
 
     Median ratios, ours / reference (the reference always runs its two calls; for ours
     one-trip, 'next' is the submit that returns the next item):
       N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load steal failures
-       1 two-call   1.27x    0.70x    0.81x      0.71x    1.30    4%  0
-       1 one-trip   1.49x    1.09x    1.25x      0.59x    1.17    4%  0
-      20 two-call   1.08x    0.93x    0.81x      0.71x    2.66    1%  0
-      20 one-trip   1.59x    1.17x    1.14x      0.45x    2.60    0%  0
-    QC: 354 checks run by the worker during the runs; pauses seen: 0 refused calls, 0 paused
+       1 two-call   2.38x    0.34x    0.41x      0.50x    1.53    2%  0
+       1 one-trip   3.43x    0.43x    0.52x      0.34x    1.54    1%  0
+      20 two-call   1.51x    0.58x    0.70x      0.54x    4.21    2%  0
+      20 one-trip   2.41x    0.75x    0.78x      0.34x    4.03    1%  0
+    QC: 718 checks run by the worker during the runs; pauses seen: 0 refused calls, 0 paused
     memberships at the end
 
-`--reference --clients 1 20 --seconds 10 --repeats 4 --profile` on commit e7e7dba (worker at
-full weight, a fixed 2 s drain, which left up to half of the last checks of an N=20 run
-unconsumed and uncounted: 21-30 checks where the drained runs above count 61-73):
+`--reference --clients 1 20 --seconds 10 --repeats 2`: N=20 one-trip 2.16x j/s, 0.88x p95
+next, 0.37x CPU; N=1 one-trip 3.10x j/s, 0.58x p95 next, 0.37x CPU; 324 checks, 0 pauses.
+`--reference --clients 1 --seconds 10 --repeats 4`: N=1 one-trip 2.74x j/s, 0.50x p50 and
+0.63x p95 next, 0.37x CPU; 299 checks, 0 pauses.
 
-      N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load steal failures
-       1 two-call   1.36x    0.67x    0.78x      0.67x    1.54    0%  0
-       1 one-trip   1.64x    0.89x    1.08x      0.52x    1.51    0%  0
-      20 two-call   1.11x    0.75x    1.07x      0.60x    4.00    0%  0
-      20 one-trip   1.41x    1.16x    1.43x      0.44x    3.76    0%  0
-    QC: 542 checks run by the worker during the runs; pauses seen: 0 refused calls, 0 paused
-    memberships at the end
-
-Absolute figures at N=20 one round trip (drained run): ours 147.5-155.3 j/s at 5.6-5.8 ms of
-server CPU per judgment (web 4.4-4.6 ms, the rest the QC worker), the reference 87.6-104.6
-j/s at 11.6-13.8 ms; PostgreSQL 3.2-3.6 ms per judgment against the reference's 2.7-3.1
-(counted on neither side). At N=1 the p95 of the call that returns the next item is 19.6-24.1
-ms against the reference's 15.1-21.5 (its p50 11.3-13.5 against 9.9-13.8). No QC pause in any
-of the 20 runs of ours (896 checks) since the tests spend their level across an annotator's
-checks (`evaluation.stats.quality.spent_level`); before, checking every 20 judgments at 1 %
-each paused a careful simulated annotator in 3 of 16 runs, each time by the position test
-after 27-43 judgments. Targets: N=20 one round trip 2.0x j/s (1.59x, 1.41x; 1.99x in an
-earlier run) and 0.5x CPU (0.45x, 0.44x): the CPU target is met, the throughput one not; N=1
-0.6x p95 next (1.25x, 1.08x): not reached; 0 double serves, lost or duplicated judgments and
-0 failed calls in every run: met.
+Absolute figures at N=20 one round trip: ours 116.5-161.6 j/s at 5.7-7.5 ms of server CPU per
+judgment (web 4.1-5.9 ms, the rest the QC worker), the reference 51.7-70.8 j/s at 16.5-20.7
+ms; PostgreSQL 2.8-3.6 ms per judgment against the reference's 3.7-4.5 (counted on neither
+side). At N=1 the p95 of the call that returns the next item is 13.7-20.0 ms against the
+reference's 19.1-37.4 ms; in the pairs where the reference ran with at most 4 % steal (19.1-
+20.6 ms) the ratio was 0.67-0.88x. Targets: N=20 one round trip 2.0x j/s and 0.5x CPU: met in
+both invocations (2.01x in the quietest pair); N=1 0.6x p95 next: met by the median of two
+invocations (0.52x, 0.58x), not by the third (0.63x), and not in the pairs without steal; 0
+double serves, lost or duplicated judgments and 0 failed calls in every run: met; no QC pause
+in 1341 checks.
 
 Profile (cProfile, thread CPU time of the gunicorn worker threads, 20 annotators one round
-trip, commit e7e7dba), top by own time: the thread pool's queue `get` 1.57 s over 608 calls
-(threads waiting for a request: the profiler's clock counts the wake-ups), model `__init__`
-0.33 s (4179 calls), `getattr` 0.28, psycopg prepare bookkeeping 0.21, `isinstance` 0.19,
-`_send_query_prepared` 0.19 (3042 statements), `setattr` 0.14, parameter dumping 0.13, result
-selection 0.12, BEGIN/COMMIT 0.12, lazy-object `__getattribute__` 0.11, dict `get` 0.11,
-gunicorn header parsing 0.10, `get_dumper` 0.10.
+trip, 659 judgments), top by own time: model `__init__` 0.35 s (4585 calls), `getattr` 0.30,
+the thread pool's queue `get` 0.28 s over 662 calls (threads waiting for a request),
+`isinstance` 0.21, psycopg `_send_query_prepared` 0.19 (2750 statements), psycopg prepare
+bookkeeping 0.17, `setattr` 0.16, psycopg `wait` 0.14, `_exec_command` (BEGIN/COMMIT) 0.13,
+parameter dumping 0.12, lazy-object `__getattribute__` 0.11, gunicorn header parsing 0.11,
+dict `get` 0.11, related-object `__set__` 0.11, result selection 0.11.
 
 What got it there (single runs of this script before and after each step): token calls to the
 per-item views skip the page middleware and DRF's request objects (`annotation/fastpath.py`;
@@ -82,7 +73,12 @@ annotator's QC check looks for disputes only on items labelled since their previ
 primary item's claim, its lease and its payload read in one statement (5 statements per one-
 round-trip judgment instead of 7); QC loads text lengths and skip rates only for the
 annotators whose speed and skips it judges, filters out pre-resume labels in SQL and reads the
-crowd's items as a subquery.
+crowd's items as a subquery; the claims exclude the annotator's past items with one hashed read
+of their assignments (the prepared statements' generic plans, made while the assignment table
+was nearly empty, had scanned the table once per candidate item: PostgreSQL 7.2 -> 3.4 ms per
+judgment at N=20); the database health check needs no round trip (`config/postgres`); overdue
+leases are swept every 16 claims instead of on each (4 statements per one-round-trip
+judgment).
 """
 
 import argparse
