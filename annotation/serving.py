@@ -188,7 +188,9 @@ def _primary_open_sql(alias: str) -> str:
     prepared statement's generic plan, made in its first seconds and kept), PostgreSQL ran
     it as a nested-loop join over their whole history once per candidate item (3.3 ms at 300
     judgments), or scanned the whole table once per candidate item. Pinned by
-    tests/annotation/test_serving_plans.py. (`item_id` is never NULL, so NOT IN is exact.)
+    tests/annotation/test_serving_plans.py. (`item_id` is never NULL, so NOT IN is exact.
+    PostgreSQL hashes the read while it fits in `work_mem`: at the default 4 MB, some
+    hundred thousand assignments of one annotator in one project.)
     """
     items, rounds = Item._meta.db_table, Round._meta.db_table
     assignments = Assignment._meta.db_table
