@@ -228,15 +228,17 @@ def _claim_primary(*, project: Project, user) -> Item | None:
 @functools.cache
 def _claim_primary_sql(vendor: str) -> str:
     items = Item._meta.db_table
+    # PostgreSQL reads the window by primary key as an array; SQLite has no arrays.
+    window_open, window_close = ("= ANY(ARRAY", ")") if vendor == "postgresql" else ("IN", "")
     return f"""
         UPDATE "{items}" SET "n_taken" = "n_taken" + 1
         WHERE "id" = COALESCE(
             (
                 SELECT i."id" FROM "{items}" i
-                WHERE i."id" = ANY(ARRAY(
+                WHERE i."id" {window_open} (
                     SELECT w."id" {_primary_open_sql("w")}
                     ORDER BY w."n_taken", w."id" LIMIT {SHUFFLE_WINDOW}
-                )) AND i."n_taken" < %s
+                ){window_close} AND i."n_taken" < %s
                 ORDER BY i."n_taken", MD5(CAST(i."id" AS TEXT) || %s)
                 LIMIT 1
                 {sql.lock(vendor, "i", skip_locked=True)}
