@@ -174,21 +174,23 @@ def insert_parts(obj) -> tuple[str, list]:
     return statement, [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields]
 
 
-def insert_select_parts(obj, *, field: str, value: str) -> tuple[str, list]:
+def insert_select_parts(obj, *, values: dict) -> tuple[str, list]:
     """Return `INSERT INTO t (...) SELECT ...` (to be followed by `FROM ...`) for a new
-    instance whose `field` takes the SQL expression `value`, and the other values' params."""
+    instance whose fields named in `values` take those SQL expressions, and the other fields'
+    params."""
     db = connections[DEFAULT_DB_ALIAS]
-    statement, fields = _insert_select_sql(type(obj), field, value, db.vendor)
-    params = [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields if f.name != field]
+    statement, fields = _insert_select_sql(type(obj), tuple(values.items()), db.vendor)
+    params = [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields if f.name not in values]
     return statement, params
 
 
 @functools.cache
-def _insert_select_sql(model, field: str, value: str, vendor: str) -> tuple[str, tuple]:
+def _insert_select_sql(model, values: tuple, vendor: str) -> tuple[str, tuple]:
     fields = tuple(f for f in _fields(model) if not f.primary_key)
     columns_ = ", ".join(f'"{f.column}"' for f in fields)
-    values = ", ".join(value if f.name == field else "%s" for f in fields)
-    return f'INSERT INTO "{model._meta.db_table}" ({columns_}) SELECT {values}', fields
+    given = dict(values)
+    selected = ", ".join(given.get(f.name, "%s") for f in fields)
+    return f'INSERT INTO "{model._meta.db_table}" ({columns_}) SELECT {selected}', fields
 
 
 def insert(obj):

@@ -3,11 +3,14 @@ is measured on the server; equally-filled items are served in a per-annotator or
 
 import random
 import threading
+from collections import Counter
 from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from annotation import services
@@ -93,6 +96,42 @@ def test_progress_moves_the_same_way_for_gold_repeat_and_primary_items():
     assert len(set().union(*moves.values())) == 1, moves
     (only,) = set().union(*moves.values())
     assert dict(only)["my_judgments"] == 1
+
+
+def test_every_kind_of_item_is_served_by_the_same_statements():
+    # Were gold or repeats served by more statements than primary items, the annotator's
+    # next item would take longer to arrive when it is gold or a repeat: a timing tell.
+    project = make_project(overlap=1, gold_rate=0.2, repeat_rate=0.2, repeat_min_gap=1)
+    make_items(project, 60)
+    make_items(project, 30, gold=["A"] * 30)
+    annotator = make_user()
+    add_member(project, annotator)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=annotator).key}")
+    served = client.post(f"/api/projects/{project.pk}/next/").json()
+    statements: dict[str, Counter] = {}
+    for n in range(40):
+        with CaptureQueriesContext(connection) as captured:
+            body = {"choice": "A", "idempotency_key": f"k{n}", "next": True}
+            response = client.post(
+                f"/api/assignments/{served['assignment_id']}/submit/", body, format="json"
+            )
+        assert response.status_code == 201, response.content
+        served = response.json()["next"]
+        kind = Assignment.objects.get(pk=served["assignment_id"]).kind
+        # The periodic sweep of overdue leases runs whatever is served next.
+        sent = [
+            q["sql"]
+            for q in captured.captured_queries
+            if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))
+            and '"lease_expires" <' not in q["sql"]
+        ]
+        statements.setdefault(kind, Counter())[len(sent)] += 1
+    assert set(statements) == {"primary", "gold", "repeat"}, statements
+    # A primary item served after a gold or repeat draw found none takes one more statement;
+    # the usual count is the same for every kind, and gold and repeats never take more.
+    usual = statements["primary"].most_common(1)[0][0]
+    assert set(statements["gold"]) == {usual} and set(statements["repeat"]) == {usual}, statements
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,9 +6,6 @@ loops. Statistics are taken while the annotator had no assignment yet, as on a n
 in a prepared statement's generic plan: the plan must not depend on them being fresh.
 """
 
-import json
-
-import psycopg
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -18,76 +15,18 @@ from rest_framework.test import APIClient
 from annotation.models import Assignment, Item, ItemCandidate, Membership
 from annotation.serving import SHUFFLE_WINDOW
 from tests.factories import add_member, make_items, make_project, make_user
+from tests.plans import statements_explained
 
 pytestmark = pytest.mark.django_db
 
 HISTORY = 400
-
-
-def _rows_touched(plan: dict) -> int:
-    """Rows read or made by the plan's nodes; a bitmap index scan's entries are counted by
-    the heap scan above it, as the rows it fetched."""
-    loops = plan.get("Actual Loops", 1)
-    if plan["Node Type"] == "Bitmap Index Scan":
-        return 0
-    own = plan.get("Actual Rows", 0) + sum(
-        plan.get(key, 0)
-        for key in (
-            "Rows Removed by Filter",
-            "Rows Removed by Join Filter",
-            "Rows Removed by Index Recheck",
-        )
-    )
-    return own * loops + sum(_rows_touched(child) for child in plan.get("Plans", []))
-
-
-def _explained(raw, sql: str, params, *, generic: bool) -> tuple[dict, bool]:
-    """EXPLAIN ANALYZE the statement in a savepoint (undone); return its plan and whether it
-    was a generic plan. `generic` plans it as a prepared statement's generic plan, as
-    PostgreSQL runs the serving statements after their first five calls, where PostgreSQL
-    can type every parameter from the statement alone (it cannot for some IN lists)."""
-    # Values inlined by the client: the serving cursor binds on the server, and EXECUTE's
-    # arguments are then typed from the prepared statement.
-    raw = psycopg.ClientCursor(raw.connection)
-    raw.execute("SAVEPOINT plan_probe")
-    prepared = False
-    try:
-        if generic:
-            numbered = sql
-            for n in range(1, sql.count("%s") + 1):
-                numbered = numbered.replace("%s", f"${n}", 1)
-            try:
-                raw.execute(f"PREPARE plan_probe AS {numbered}")
-                prepared = True
-            except psycopg.errors.IndeterminateDatatype:
-                raw.execute("ROLLBACK TO SAVEPOINT plan_probe")
-        if prepared:
-            raw.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            values = ", ".join(["%s"] * len(params))
-            raw.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE plan_probe({values})", params)
-        else:
-            raw.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
-        found = raw.fetchone()[0]
-    finally:
-        raw.execute("ROLLBACK TO SAVEPOINT plan_probe")
-        if prepared:
-            raw.execute("DEALLOCATE plan_probe")
-    (plan,) = json.loads(found) if isinstance(found, str) else found
-    return plan["Plan"], prepared
+REPEATED = 40
 
 
 def _statements_of_next(client, project, *, generic: bool) -> list[tuple[str, int, bool]]:
     """POST next; return (statement, rows its plan touched, generic plan?) for each statement
     it ran."""
-    touched = []
-
-    def explain_first(execute, sql, params, many, context):
-        if not many and sql.lstrip().upper().startswith(("SELECT", "UPDATE", "WITH", "INSERT")):
-            plan, prepared = _explained(context["cursor"], sql, params or [], generic=generic)
-            touched.append((" ".join(sql.split())[:80], _rows_touched(plan), prepared))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(explain_first):
+    with statements_explained(generic=generic) as touched:
         response = client.post(f"/api/projects/{project.pk}/next/")
     assert response.status_code == 200, response.content
     return touched
@@ -101,7 +40,7 @@ def _annotator_with_history(**project_fields):
     with connection.cursor() as cursor:
         cursor.execute('ANALYZE "annotation_assignment"')
     now = timezone.now()
-    # The annotator has labelled HISTORY primary items and ten gold ones.
+    # The annotator has labelled HISTORY primary items and ten gold ones...
     done = items[30 : 30 + HISTORY] + items[:10]
     Assignment.objects.bulk_create(
         Assignment(
@@ -117,8 +56,27 @@ def _annotator_with_history(**project_fields):
         )
         for seq, item in enumerate(done)
     )
+    # ...and was shown REPEATED of their first primary items again.
+    firsts = Assignment.objects.filter(project=project, annotator=user, kind="primary")
+    Assignment.objects.bulk_create(
+        Assignment(
+            project=project,
+            item_id=first.item_id,
+            annotator=user,
+            kind=Assignment.Kind.REPEAT,
+            repeat_of=first,
+            status=Assignment.Status.SUBMITTED,
+            display_order=[1, 0],
+            seq=len(done) + n,
+            lease_expires=now,
+            finished_at=now,
+        )
+        for n, first in enumerate(firsts.order_by("seq")[:REPEATED])
+    )
     Item.objects.filter(pk__in=[item.pk for item in done]).update(n_taken=1)
-    Membership.objects.filter(project=project, user=user).update(judgment_count=len(done))
+    Membership.objects.filter(project=project, user=user).update(
+        judgment_count=len(done) + REPEATED
+    )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return project, client
@@ -136,7 +94,8 @@ def _annotator_with_history(**project_fields):
 def test_each_claim_touches_a_bounded_number_of_rows_after_hundreds_of_judgments(
     kind, fields, generic
 ):
-    # Given an annotator with 410 judgments, and statistics from before they had any
+    # Given an annotator with 450 judgments (40 of them repeats), and statistics from before
+    # they had any
     project, client = _annotator_with_history(**fields)
 
     # When they ask for the next item (a primary, gold or repeat claim)
@@ -144,9 +103,36 @@ def test_each_claim_touches_a_bounded_number_of_rows_after_hundreds_of_judgments
 
     # Then no statement touched more rows than one pass over the project's candidate slots
     # (a planner may scan a small table) and a few times the claim's window, where a join
-    # over the annotator's history touched their 410 rows once per item considered
+    # over the annotator's history touched their 450 rows once per item considered
     bound = ItemCandidate.objects.filter(item__project=project).count() + 8 * SHUFFLE_WINDOW
     assert max(rows for _, rows, _ in touched) <= bound, f"{kind}: rows touched {touched}"
     claims = [t for t in touched if t[0].startswith(("WITH c AS", 'UPDATE "annotation_item"'))]
-    if kind != "repeat":
-        assert claims and all(prepared == generic for *_, prepared in claims), touched
+    assert claims and all(prepared == generic for *_, prepared in claims), touched
+
+
+def test_the_serving_statements_run_on_their_generic_plans_from_the_first_call():
+    # PostgreSQL would plan each prepared statement afresh for its first five calls on a
+    # connection; gold and repeat claims, drawn once in twenty items, would then be planned
+    # on nearly every call and take longer to serve than primary items.
+    project = make_project(overlap=3, gold_rate=0.3, repeat_rate=0.3, repeat_min_gap=1)
+    make_items(project, 40, gold=["A"] * 10)
+    user = make_user()
+    add_member(project, user)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    served = client.post(f"/api/projects/{project.pk}/next/").json()
+    for n in range(12):
+        body = {"choice": "A", "idempotency_key": f"k{n}", "next": True}
+        response = client.post(
+            f"/api/assignments/{served['assignment_id']}/submit/", body, format="json"
+        )
+        assert response.status_code == 201, response.content
+        served = response.json()["next"]
+    kinds = set(Assignment.objects.filter(annotator=user).values_list("kind", flat=True))
+    assert kinds == {"primary", "gold", "repeat"}, kinds
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        plans = cursor.fetchall()
+    claims = [p for p in plans if 'INSERT INTO "annotation_assignment"' in p[0]]
+    assert len(claims) >= 3, plans  # the primary, gold and repeat claims
+    assert all(custom == 0 and generic >= 1 for _, generic, custom in plans), plans
