@@ -22,47 +22,54 @@ loop (CPU time per thread in every gunicorn worker thread) and prints the top 15
     .venv/bin/python benchmarks/annotate_load.py --reference --clients 1 20 --seconds 10 \\
         --repeats 4 --profile
 
-Measured 2026-12-04 on a 2-core virtual machine with nothing else running, 2000 items, 10 s per
-run, commit d410f10. This machine's speed varies from run to run (the reference alone: 23.8-
-45.7 j/s at N=1 today) and its host takes up to 21 % of the CPU as steal, more often in the
-reference's runs than in ours, so only the ratios of neighbouring runs mean anything, and a
-ratio from a pair with much steal on one side means less. Three invocations:
+The output also gives, pooled over the runs, the latency of the call that returned the next
+item by the kind it was (primary, gold, repeat): annotators must not tell them apart by timing.
 
-`--reference --clients 1 20 --seconds 10 --repeats 4 --profile`:
+Measured 2026-12-04 on a 2-core virtual machine with nothing else running, 2000 items, 10 s per
+run, steal 0-2 % in every run (this machine ran about 1.5x slower than on the earlier runs of
+the day, and its speed drifts from run to run: only the ratios of neighbouring runs mean
+anything), load average 1.2-4.4 (the benchmark's own processes). Commit fd785ca,
+`--reference --clients 1 20 --seconds 10 --repeats 3`:
 
     Median ratios, ours / reference (the reference always runs its two calls; for ours
     one-trip, 'next' is the submit that returns the next item):
       N  ours loop  j/s   next_p50 next_p95 cpu/judgment  load steal failures
-       1 two-call   2.38x    0.34x    0.41x      0.50x    1.53    2%  0
-       1 one-trip   3.43x    0.43x    0.52x      0.34x    1.54    1%  0
-      20 two-call   1.51x    0.58x    0.70x      0.54x    4.21    2%  0
-      20 one-trip   2.41x    0.75x    0.78x      0.34x    4.03    1%  0
-    QC: 718 checks run by the worker during the runs; pauses seen: 0 refused calls, 0 paused
+       1 two-call   1.66x    0.48x    0.59x      0.64x    1.33    1%  0
+       1 one-trip   2.65x    0.61x    0.65x      0.43x    1.31    0%  0
+      20 two-call   1.55x    0.55x    0.75x      0.56x    3.47    1%  0
+      20 one-trip   1.90x    0.82x    1.16x      0.46x    3.58    1%  0
+    Call returning the next item, by the kind served (ours, runs pooled): p50 / p95 ms (n)
+     1 two-call  gold 10.0 / 15.8 (73); primary 9.9 / 17.3 (1247); repeat 11.8 / 17.6 (61)
+     1 one-trip  gold 12.9 / 19.2 (114); primary 12.5 / 20.5 (1871); repeat 13.7 / 20.4 (100)
+    20 two-call  gold 105.0 / 200.7 (107); primary 103.0 / 205.5 (1846); repeat 97.6 / 182.1 (92)
+    20 one-trip  gold 161.5 / 390.5 (121); primary 153.0 / 334.6 (2336); repeat 163.2 / 317.8 (103)
+    QC: 342 checks run by the worker during the runs; pauses seen: 0 refused calls, 0 paused
     memberships at the end
 
-`--reference --clients 1 20 --seconds 10 --repeats 2`: N=20 one-trip 2.16x j/s, 0.88x p95
-next, 0.37x CPU; N=1 one-trip 3.10x j/s, 0.58x p95 next, 0.37x CPU; 324 checks, 0 pauses.
-`--reference --clients 1 --seconds 10 --repeats 4`: N=1 one-trip 2.74x j/s, 0.50x p50 and
-0.63x p95 next, 0.37x CPU; 299 checks, 0 pauses.
+Absolute figures, one round trip: at N=20 ours 76.2-85.8 j/s at 11.4-12.7 ms of server CPU per
+judgment (web 9.0-10.4 ms, the rest the QC worker), the reference 31.7-44.2 j/s at 24.8-32.3
+ms (pairs 1.90x, 2.71x, 1.76x: the reference's speed moved by 40 % between its runs); PostgreSQL
+5.1-5.3 ms per judgment against the reference's 5.1-6.7 (counted on neither side). At N=1 the
+p95 of the call that returns the next item is 18.8-21.8 ms against the reference's 28.8-34.9 ms
+(pairs 0.65x, 0.70x, 0.58x). Right after, ours alone at N=20 one round trip, fd785ca against
+c57ad26 (the commit before it) alternated three times: 95.0, 120.8, 103.2 against 92.6, 101.0,
+112.3 j/s. Commit b7214a9, the invocation before (`--repeats 3 --profile`): N=20 one round trip
+2.06x j/s, 0.40x CPU; N=1 0.61x p95 next (pairs 0.56x, 0.62x, 0.61x); gold p50 15.3 and repeats
+15.2 ms against primary 13.1 at N=1 (gold 2.2 ms slower there, 0.4 ms with generic plans from
+the first call). Commit 67215db: N=20 2.33x, 0.36x; N=1 0.59x (pairs 0.84x, 0.59x, 0.59x).
+Earlier that day on the faster machine (commit d410f10, 4 repetitions): N=20 2.41x j/s, 0.34x
+CPU; N=1 0.52x p95 next, and 0.58x and 0.63x in two other invocations.
+Targets: N=20 one round trip 2.0x j/s and 0.5x CPU: CPU met in every invocation, j/s in three
+of four (1.90x in the last); N=1 0.6x p95 next: not met (0.52x-0.65x over five invocations);
+0 double serves, lost or duplicated judgments and 0 failed calls in every run: met; no QC pause.
 
-Absolute figures at N=20 one round trip: ours 116.5-161.6 j/s at 5.7-7.5 ms of server CPU per
-judgment (web 4.1-5.9 ms, the rest the QC worker), the reference 51.7-70.8 j/s at 16.5-20.7
-ms; PostgreSQL 2.8-3.6 ms per judgment against the reference's 3.7-4.5 (counted on neither
-side). At N=1 the p95 of the call that returns the next item is 13.7-20.0 ms against the
-reference's 19.1-37.4 ms; in the pairs where the reference ran with at most 4 % steal (19.1-
-20.6 ms) the ratio was 0.67-0.88x. Targets: N=20 one round trip 2.0x j/s and 0.5x CPU: met in
-both invocations (2.01x in the quietest pair); N=1 0.6x p95 next: met by the median of two
-invocations (0.52x, 0.58x), not by the third (0.63x), and not in the pairs without steal; 0
-double serves, lost or duplicated judgments and 0 failed calls in every run: met; no QC pause
-in 1341 checks.
-
-Profile (cProfile, thread CPU time of the gunicorn worker threads, 20 annotators one round
-trip, 659 judgments), top by own time: model `__init__` 0.35 s (4585 calls), `getattr` 0.30,
-the thread pool's queue `get` 0.28 s over 662 calls (threads waiting for a request),
-`isinstance` 0.21, psycopg `_send_query_prepared` 0.19 (2750 statements), psycopg prepare
-bookkeeping 0.17, `setattr` 0.16, psycopg `wait` 0.14, `_exec_command` (BEGIN/COMMIT) 0.13,
-parameter dumping 0.12, lazy-object `__getattribute__` 0.11, gunicorn header parsing 0.11,
-dict `get` 0.11, related-object `__set__` 0.11, result selection 0.11.
+Profile (commit b7214a9; cProfile, thread CPU time of the gunicorn worker threads, 20
+annotators one round trip, 522 judgments), top by own time: model `__init__` 0.31 s (3545
+calls), `getattr` 0.27, psycopg `_send_query_prepared` 0.19 (2059 statements), psycopg prepare
+bookkeeping 0.18, `isinstance` 0.17, `_exec_command` (BEGIN/COMMIT) 0.15, psycopg `wait` 0.14,
+parameter dumping 0.13, `setattr` 0.13, lazy-object `__getattribute__` 0.11, result selection
+0.10, `annotation.sql._instance` 0.09, gunicorn header parsing 0.09, datetime parsing 0.09,
+related-object `__set__` 0.09.
 
 What got it there (single runs of this script before and after each step): token calls to the
 per-item views skip the page middleware and DRF's request objects (`annotation/fastpath.py`;
@@ -220,7 +227,7 @@ def _prepare_ours_in_child(env: dict, *args) -> tuple:
     return _prepare_ours(*args)
 
 
-def _audit_ours_in_child(env: dict, accepted: list[int]) -> dict:
+def _audit_ours_in_child(env: dict, accepted: list[int], served: list[int]) -> dict:
     os.environ.update(env)
     import django
 
@@ -259,6 +266,8 @@ def _audit_ours_in_child(env: dict, accepted: list[int]) -> dict:
             f"{','.join(a.failed_checks)}@{a.n_judgments}"
             for a in AnnotatorAssessment.objects.filter(verdict="pause", applied=True)
         ],
+        # The kind of each assignment served, for the timing by kind (never shown to them).
+        "kinds": dict(Assignment.objects.filter(pk__in=served).values_list("pk", "kind")),
     }
 
 
@@ -313,6 +322,7 @@ def _audit_reference(args, accepted: list[int]) -> dict:
         "gold": 0,
         "repeats": 0,
         "pause_checks": [],
+        "kinds": {},
     }
 
 
@@ -340,6 +350,7 @@ def _client(token: str, project_id: int, deadline: float, seed: int, port: int, 
         "X-Forwarded-Proto": "https",
     }
     next_lat, submit_lat, accepted, errors, paused = [], [], [], 0, 0
+    served = []  # the assignment each `next_lat` call returned (None: none)
 
     def post(path: str, body: dict | None = None):
         nonlocal conn
@@ -360,7 +371,10 @@ def _client(token: str, project_id: int, deadline: float, seed: int, port: int, 
         status, body = post(f"/api/projects/{project_id}/next/")
         next_lat.append(time.perf_counter() - t0)
         if status == 200:
-            return json.loads(body)
+            payload = json.loads(body)
+            served.append(payload["assignment_id"])
+            return payload
+        served.append(None)
         if status == 403 and b"paused" in body:
             paused += 1
         elif status != 204:
@@ -390,6 +404,7 @@ def _client(token: str, project_id: int, deadline: float, seed: int, port: int, 
         if loop == "one-trip":
             next_lat.append(elapsed)
             payload = answer["next"]
+            served.append(payload and payload["assignment_id"])
             if payload is None and answer.get("next_error", {}).get("code") == "paused":
                 paused += 1
         else:
@@ -398,6 +413,7 @@ def _client(token: str, project_id: int, deadline: float, seed: int, port: int, 
     queue.put(
         {
             "next": next_lat,
+            "served": served,
             "submit": submit_lat,
             "accepted": accepted,
             "errors": errors,
@@ -613,9 +629,16 @@ def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") 
         audit = _audit_reference(args, accepted)
     else:
         with ctx.Pool(1) as pool:
-            audit = pool.apply(_audit_ours_in_child, (_our_env(args), accepted))
+            served = [a for r in results for a in r["served"] if a is not None]
+            audit = pool.apply(_audit_ours_in_child, (_our_env(args), accepted, served))
     n = len(accepted)
     nexts = [x for r in results for x in r["next"]]
+    by_kind: dict[str, list[float]] = {}
+    for r in results:
+        for took, assignment_id in zip(r["next"], r["served"], strict=True):
+            kind = audit["kinds"].get(assignment_id)
+            if kind is not None:
+                by_kind.setdefault(kind, []).append(took)
     submits = [x for r in results for x in r["submit"]]
     return {
         "server": server,
@@ -635,7 +658,8 @@ def run(*, server: str, loop: str, n_clients: int, args, profile_dir: str = "") 
         "paused_seen": sum(r["paused"] for r in results),
         "load": (load_before + load_after) / 2,
         "steal": stolen,
-        **audit,
+        "by_kind": by_kind,
+        **{k: v for k, v in audit.items() if k != "kinds"},
     }
 
 
@@ -658,6 +682,22 @@ def _ratios(ours: list[dict], refs: list[dict]) -> dict:
         return statistics.median(o[key] / r[key] for o, r in zip(ours, refs, strict=True))
 
     return {key: median_ratio(key) for key in ("jps", "next_p50", "next_p95", "cpu_ms")}
+
+
+def _print_timing_by_kind(summary: list) -> None:
+    """Latency of the call that returned the next item, by the kind it was: annotators must
+    not tell gold or repeats from primary items by how long the next item takes."""
+    print("Call returning the next item, by the kind served (ours, runs pooled): p50 / p95 ms (n)")
+    for n, loop, _, rows in summary:
+        pooled: dict[str, list[float]] = {}
+        for r in rows:
+            for kind, values in r["by_kind"].items():
+                pooled.setdefault(kind, []).extend(values)
+        parts = [
+            f"{kind} {_pct(values, 0.5):.1f} / {_pct(values, 0.95):.1f} ({len(values)})"
+            for kind, values in sorted(pooled.items())
+        ]
+        print(f"  {n:2d} {loop:9s} " + "; ".join(parts))
 
 
 def profile_run(n_clients: int, args) -> None:
@@ -727,6 +767,7 @@ def main() -> None:
                 f"{ratio['next_p95']:7.2f}x {ratio['cpu_ms']:9.2f}x   {load:5.2f} "
                 f"{100 * steal:4.0f}%  {bad}"
             )
+        _print_timing_by_kind(summary)
         pauses = sum(r["paused_seen"] for *_, rows in summary for r in rows)
         members = sum(r["paused_members"] for *_, rows in summary for r in rows)
         checks = sum(r["qc_checks"] for *_, rows in summary for r in rows)
