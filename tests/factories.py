@@ -3,6 +3,8 @@
 import itertools
 
 from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from annotation.imports import content_hash
 from annotation.models import Candidate, Item, ItemCandidate, Membership, Project, Prompt, Round
@@ -97,3 +99,21 @@ def make_tiny_demo_policy(folder, *, name: str, n_positions: int):
         tokenizer, folder, n_layer=1, n_embd=32, n_head=2, n_positions=n_positions
     )
     return ModelVersion.objects.create(name=name, artifact_path=str(path))
+
+
+def token_client(user) -> APIClient:
+    """An API client that authenticates as `user` with a new token, as a script would."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+def submit_and_next(client, served: dict, n: int) -> dict | None:
+    """Answer A to the `served` assignment asking for the next one in the same call (the
+    annotator page's one round trip); return the next assignment served."""
+    body = {"choice": "A", "idempotency_key": f"k{n}", "next": True}
+    response = client.post(
+        f"/api/assignments/{served['assignment_id']}/submit/", body, format="json"
+    )
+    assert response.status_code == 201, response.content
+    return response.json()["next"]

@@ -8,15 +8,9 @@ from rest_framework.test import APIClient
 
 from annotation import services
 from annotation.models import Assignment, Judgment, LabelSource
-from tests.factories import add_member, make_items, make_project, make_user
+from tests.factories import add_member, make_items, make_project, make_user, token_client
 
 pytestmark = pytest.mark.django_db
-
-
-def _token_client(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
 
 
 def _label_one(client, project) -> Judgment:
@@ -37,7 +31,7 @@ def test_wrong_token_and_inactive_user_are_refused_and_write_nothing():
     client.credentials(HTTP_AUTHORIZATION="Token " + "0" * 40)
     response = client.post(f"/api/projects/{project.pk}/next/")
     assert response.status_code == 401 and response.json()["detail"] == "Invalid token."
-    client = _token_client(user)
+    client = token_client(user)
     user.is_active = False
     user.save(update_fields=["is_active"])
     response = client.post(f"/api/projects/{project.pk}/next/")
@@ -51,7 +45,7 @@ def test_token_caller_is_the_token_owner():
     add_member(project, alice)
     add_member(project, bob)
     make_items(project, 2)
-    judgment = _label_one(_token_client(bob), project)
+    judgment = _label_one(token_client(bob), project)
     assert judgment.annotator_id == bob.pk and judgment.source == LabelSource.HUMAN
 
 
@@ -77,7 +71,7 @@ def test_query_budget_with_token_authentication():
     user = make_user()
     add_member(project, user)
     make_items(project, 3)
-    client = _token_client(user)
+    client = token_client(user)
     with CaptureQueriesContext(connection) as next_queries:
         aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     with CaptureQueriesContext(connection) as submit_queries:
@@ -94,7 +88,7 @@ def test_query_budget_of_submit_returning_the_next_item():
     user = make_user()
     add_member(project, user)
     make_items(project, 3)
-    client = _token_client(user)
+    client = token_client(user)
     aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     with CaptureQueriesContext(connection) as queries:
         body = {"choice": "A", "idempotency_key": "q", "next": True}

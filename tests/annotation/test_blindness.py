@@ -10,12 +10,18 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from annotation import services
 from annotation.models import Assignment, Item, Judgment, Membership, Project
-from tests.factories import add_member, make_items, make_project, make_user
+from tests.factories import (
+    add_member,
+    make_items,
+    make_project,
+    make_user,
+    submit_and_next,
+    token_client,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -106,18 +112,12 @@ def test_every_kind_of_item_is_served_by_the_same_statements():
     make_items(project, 30, gold=["A"] * 30)
     annotator = make_user()
     add_member(project, annotator)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=annotator).key}")
+    client = token_client(annotator)
     served = client.post(f"/api/projects/{project.pk}/next/").json()
     statements: dict[str, Counter] = {}
     for n in range(40):
         with CaptureQueriesContext(connection) as captured:
-            body = {"choice": "A", "idempotency_key": f"k{n}", "next": True}
-            response = client.post(
-                f"/api/assignments/{served['assignment_id']}/submit/", body, format="json"
-            )
-        assert response.status_code == 201, response.content
-        served = response.json()["next"]
+            served = submit_and_next(client, served, n)
         kind = Assignment.objects.get(pk=served["assignment_id"]).kind
         # The periodic sweep of overdue leases runs whatever is served next.
         sent = [

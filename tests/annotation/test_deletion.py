@@ -10,7 +10,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from annotation.models import Assignment, Item, Judgment, Membership, Round
-from tests.factories import add_member, make_items, make_project, make_user
+from tests.factories import add_member, make_items, make_project, make_user, token_client
 
 pytestmark = pytest.mark.django_db
 
@@ -23,8 +23,7 @@ def labelled():
     add_member(project, annotator)
     add_member(project, researcher, Membership.Role.RESEARCHER)
     make_items(project, 3)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=annotator).key}")
+    client = token_client(annotator)
     aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     response = client.post(
         f"/api/assignments/{aid}/submit/", {"choice": "A", "idempotency_key": "k"}, format="json"

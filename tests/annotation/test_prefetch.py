@@ -5,23 +5,15 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from annotation.models import Assignment, Item
-from tests.factories import add_member, make_items, make_project, make_user
-
-
-def _client(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
+from tests.factories import add_member, make_items, make_project, make_user, token_client
 
 
 def _annotator(project):
     user = make_user()
     add_member(project, user)
-    return user, _client(user)
+    return user, token_client(user)
 
 
 @pytest.mark.django_db

@@ -9,12 +9,17 @@ in a prepared statement's generic plan: the plan must not depend on them being f
 import pytest
 from django.db import connection
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from annotation.models import Assignment, Item, ItemCandidate, Membership
 from annotation.serving import SHUFFLE_WINDOW
-from tests.factories import add_member, make_items, make_project, make_user
+from tests.factories import (
+    add_member,
+    make_items,
+    make_project,
+    make_user,
+    submit_and_next,
+    token_client,
+)
 from tests.plans import statements_explained
 
 pytestmark = pytest.mark.django_db
@@ -77,9 +82,7 @@ def _annotator_with_history(**project_fields):
     Membership.objects.filter(project=project, user=user).update(
         judgment_count=len(done) + REPEATED
     )
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return project, client
+    return project, token_client(user)
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
@@ -118,16 +121,10 @@ def test_the_serving_statements_run_on_their_generic_plans_from_the_first_call()
     make_items(project, 40, gold=["A"] * 10)
     user = make_user()
     add_member(project, user)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client = token_client(user)
     served = client.post(f"/api/projects/{project.pk}/next/").json()
     for n in range(12):
-        body = {"choice": "A", "idempotency_key": f"k{n}", "next": True}
-        response = client.post(
-            f"/api/assignments/{served['assignment_id']}/submit/", body, format="json"
-        )
-        assert response.status_code == 201, response.content
-        served = response.json()["next"]
+        served = submit_and_next(client, served, n)
     kinds = set(Assignment.objects.filter(annotator=user).values_list("kind", flat=True))
     assert kinds == {"primary", "gold", "repeat"}, kinds
     with connection.cursor() as cursor:

@@ -10,16 +10,9 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from annotation.models import Assignment, Item, Judgment, Membership
-from tests.factories import add_member, make_items, make_project, make_user
-
-
-def _client(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
+from tests.factories import add_member, make_items, make_project, make_user, token_client
 
 
 def _submit(client, aid: int, key: str, **extra):
@@ -34,7 +27,7 @@ def test_submit_returns_the_next_assignment_as_next_would_serve_it():
     user = make_user()
     add_member(project, user)
     make_items(project, 2, models=("secret-model-x", "secret-model-y"))
-    client = _client(user)
+    client = token_client(user)
     first = client.post(f"/api/projects/{project.pk}/next/").json()
 
     # When they submit the first with next: true
@@ -61,7 +54,7 @@ def test_next_is_null_when_nothing_is_left_and_without_the_flag_the_answer_is_un
     user = make_user()
     add_member(project, user)
     make_items(project, 2)
-    client = _client(user)
+    client = token_client(user)
     aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     plain = client.post(
         f"/api/assignments/{aid}/submit/", {"choice": "B", "idempotency_key": "p"}, format="json"
@@ -81,7 +74,7 @@ def test_replay_returns_the_first_answers_next_while_its_lease_is_live_then_what
     user = make_user()
     add_member(project, user)
     make_items(project, 4)
-    client = _client(user)
+    client = token_client(user)
     aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     first = _submit(client, aid, "same").json()
 
@@ -112,7 +105,7 @@ def test_paused_annotator_keeps_the_judgment_and_gets_no_next_item():
     user = make_user()
     membership = add_member(project, user)
     make_items(project, 3)
-    client = _client(user)
+    client = token_client(user)
     aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     Membership.objects.filter(pk=membership.pk).update(status=Membership.Status.PAUSED)
     response = _submit(client, aid, "k")
@@ -129,7 +122,7 @@ def test_a_next_flag_that_is_not_a_boolean_is_refused_naming_it_and_writes_nothi
     user = make_user()
     add_member(project, user)
     make_items(project, 2)
-    client = _client(user)
+    client = token_client(user)
     aid = client.post(f"/api/projects/{project.pk}/next/").json()["assignment_id"]
     response = _submit(client, aid, "k", next="soon")
     assert response.status_code == 400 and "next" in response.json()
