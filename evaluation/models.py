@@ -21,7 +21,10 @@ class QualityPolicy(models.Model):
         help_text="Check annotators automatically after submits and pause those who fail.",
     )
     check_every_n_judgments = models.PositiveIntegerField(
-        default=20, help_text="Queue an annotator's check after every N of their judgments."
+        default=20,
+        help_text="Queue an annotator's check after every N of their judgments; from their "
+        "16 x N-th on, the gap doubles each time their count does (it stays within an eighth "
+        "of it), since a check reads their whole history.",
     )
     # Gold items.
     min_gold_items = models.PositiveIntegerField(

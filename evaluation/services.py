@@ -493,10 +493,29 @@ def _qc_schedule(project_id: int) -> tuple[bool, int]:
     return enabled, every
 
 
+# A check reads the annotator's whole history since their last resume, so its cost grows with
+# it: checked every N judgments for good, an annotator's checks would cost in total the square
+# of their count. After this many checks the spacing doubles each time the count does, which
+# keeps the gap within 1/QC_EVEN_CHECKS of the count and the checks' cost per judgment bounded.
+QC_EVEN_CHECKS = 8
+
+
+def qc_check_due(judgment_count: int, every: int) -> bool:
+    """Whether an annotator's check is due at this count of their judgments: every `every`
+    judgments up to 2 * QC_EVEN_CHECKS of them, then every 2 * `every` up to twice that
+    count, every 4 * `every` up to twice that again, and so on."""
+    every = max(every, 1)
+    if judgment_count <= 0:
+        return False
+    doublings = max(0, (judgment_count // (QC_EVEN_CHECKS * every)).bit_length() - 1)
+    return judgment_count % (every << doublings) == 0
+
+
 def qc_after_submit(
     *, project_id: int, annotator_id: int, judgment_count: int | None = None
 ) -> bool:
-    """Queue the annotator's QC check after every N-th judgment; return whether it was queued.
+    """Queue the annotator's QC check when one is due (`qc_check_due`: after every N-th
+    judgment, spaced out as their count grows); return whether it was queued.
 
     Call from `judgment_submit` once the judgment has committed (not on replays)::
 
@@ -517,7 +536,7 @@ def qc_after_submit(
             .values_list("judgment_count", flat=True)
             .first()
         ) or 0
-    if judgment_count <= 0 or judgment_count % max(every, 1):
+    if not qc_check_due(judgment_count, every):
         return False
     from evaluation.tasks import qc_check_annotator_task
 

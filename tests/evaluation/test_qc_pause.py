@@ -1,5 +1,6 @@
 """Annotator QC: each check pauses a failing annotator, flags (never deletes) their labels."""
 
+import itertools
 import random
 from datetime import timedelta
 from io import StringIO
@@ -280,6 +281,21 @@ def test_qc_after_submit_queues_a_check_every_n_judgments(project):
             project_id=project.pk, annotator_id=user.pk, judgment_count=20
         )
         assert delay.call_count == 3
+
+
+def test_checks_space_out_as_the_count_grows():
+    due = [n for n in range(1, 5121) if services.qc_check_due(n, 20)]
+    # Every 20 judgments for the first 16 checks, then the step doubles with the count.
+    assert due[:17] == [20 * k for k in range(1, 17)] + [360]
+    assert [b - a for a, b in itertools.pairwise(due)][15:] == (
+        [40] * 8 + [80] * 8 + [160] * 8 + [320] * 8
+    )
+    # The gap stays within an eighth of the count, and the checks' total work (each reads
+    # the history up to its count) stays linear in the count, not quadratic.
+    assert all(b - a <= max(20, a // 8) for a, b in itertools.pairwise(due))
+    assert sum(due) < 13 * 5120 < sum(range(20, 5121, 20)) / 9
+    assert services.qc_check_due(7, 7) and not services.qc_check_due(0, 20)
+    assert services.qc_check_due(3, 0) and services.qc_check_due(1, 0)
 
 
 def test_qc_after_submit_default_policy_and_broker_failure_never_raise(project):
