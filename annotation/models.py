@@ -380,6 +380,13 @@ class Assignment(models.Model):
             models.Index(
                 fields=["annotator", "project", "status", "seq"], name="assignment_user_seq_idx"
             ),
+            # The annotator's repeats alone, which a repeat claim leaves out: without it, that
+            # read walked their whole history in the project to find the few repeats.
+            models.Index(
+                fields=["annotator", "project"],
+                condition=Q(kind="repeat"),
+                name="assignment_user_repeats_idx",
+            ),
         ]
 
     def __str__(self) -> str:
