@@ -271,13 +271,15 @@ def annotators_assess(
     pause: bool = True,
     trigger: str = AnnotatorAssessment.Trigger.AUTO,
     progress: Callable[[Iterable], Iterable] | None = None,
+    policy: QualityPolicy | None = None,
 ) -> QCCheckResult:
     """Assess active annotators (all, or the given ones), store the verdicts, pause failures.
 
     With ``pause=False`` nothing changes but the stored assessments (a dry run). Annotators
-    who are paused already are not assessed again.
+    who are paused already are not assessed again. `policy` is the project's, when the caller
+    has read it already.
     """
-    policy = selectors.quality_policy_get(project=project)
+    policy = policy or selectors.quality_policy_get(project=project)
     active = Membership.objects.filter(project=project, status=Membership.Status.ACTIVE)
     if annotator_ids is not None:
         active = active.filter(user_id__in=annotator_ids)
@@ -325,13 +327,18 @@ def annotators_assess(
 # ---- disagreement queue and adjudication ---------------------------------------------------
 
 
-def disagreements_mark(*, project: Project, item_ids: Iterable[int] | None = None) -> int:
+def disagreements_mark(
+    *,
+    project: Project,
+    item_ids: Iterable[int] | None = None,
+    policy: QualityPolicy | None = None,
+) -> int:
     """Set ``needs_review`` on items split beyond the policy threshold; return how many changed.
 
     Only sets the mark: an adjudication clears it, and a later vote that settles the item does
     not (a reviewer may still want to look).
     """
-    disputed = selectors.disputed_item_ids(project=project, item_ids=item_ids)
+    disputed = selectors.disputed_item_ids(project=project, item_ids=item_ids, policy=policy)
     if not disputed:
         return 0
     return Item.objects.filter(pk__in=list(disputed), needs_review=False).update(needs_review=True)
@@ -444,12 +451,18 @@ def qc_check_annotator(
         .first()
     )
     result = annotators_assess(
-        project=project, annotator_ids=[annotator_id], pause=policy.enabled, trigger=trigger
+        project=project,
+        annotator_ids=[annotator_id],
+        pause=policy.enabled,
+        trigger=trigger,
+        policy=policy,
     )
     labelled = Judgment.objects.filter(project=project, annotator_id=annotator_id)
     if previous is not None:
         labelled = labelled.filter(created_at__gte=previous - RECHECK_OVERLAP)
-    result.items_marked = disagreements_mark(project=project, item_ids=labelled.values("item_id"))
+    result.items_marked = disagreements_mark(
+        project=project, item_ids=labelled.values("item_id"), policy=policy
+    )
     return result
 
 

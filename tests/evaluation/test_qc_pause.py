@@ -8,6 +8,8 @@ from unittest import mock
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from annotation.errors import ServiceError
@@ -317,6 +319,25 @@ def test_tasks_run_the_checks(project):
     assert tasks.qc_check_annotator_task.apply(args=(project.pk, user.pk)).get() == 1
     assert tasks.qc_check_project_task.apply(args=(project.pk,)).get() == 0
     assert tasks.qc_check_annotator_task.apply(args=(10**9, user.pk)).get() == 0
+
+
+def test_an_annotators_check_reads_the_policy_once_and_costs_the_same_queries_later(project):
+    user, other = _member(project, "someone"), _member(project, "other")
+    items = make_items(project, 60)
+
+    def check_queries(labelled):
+        for item in labelled:
+            _judge(project, user, item, "A", shown=random.choice("AB"))
+            _judge(project, other, item, "A", shown=random.choice("AB"))
+        with CaptureQueriesContext(connection) as queries:
+            services.qc_check_annotator(project=project, annotator_id=user.pk)
+        return [q["sql"] for q in queries.captured_queries]
+
+    first, later = check_queries(items[:20]), check_queries(items[20:])
+    # One policy read however many parts of the check use it; as many statements at 40
+    # judgments (and a previous check) as at 20.
+    assert sum('FROM "evaluation_qualitypolicy"' in q for q in first) == 1, first
+    assert len(later) == len(first), (first, later)
 
 
 def test_disputed_items_are_queued_for_review_unless_adjudicated(project):
