@@ -46,6 +46,11 @@ processes). Commit ecf9ded, `--reference --clients 1 20 --seconds 10 --repeats 3
     QC: 772 checks run by the worker during the runs; pauses seen: 1 refused calls, 1 paused
     memberships at the end
 
+After this run the repeat claim was changed to look up rounds for a window of the earliest
+eligible items only (`annotation.serving.REPEAT_WINDOW`); the figure by kind at N=1 one round
+trip then, 2 alternated pairs: primary 5.3 / 8.3 ms (3114), gold 5.4 / 8.3 (162), repeat 5.3 /
+8.5 (195), p95 next 0.65x, 2.70x j/s.
+
 The one failure is the submit a QC pause overtook (position bias, the check at the 76th
 judgment of one of the 60 simulated annotators of the two-call runs at N=20, 146 in the whole
 invocation: each test spends alpha = 0.001 over an annotator's checks, so an annotator who

@@ -7,9 +7,18 @@ import pytest
 from django.utils import timezone
 
 from annotation import errors, services
-from annotation.models import Assignment, Item, Judgment, Membership, Round, TaskKind
+from annotation.models import (
+    Assignment,
+    Item,
+    Judgment,
+    Membership,
+    Project,
+    Round,
+    TaskKind,
+)
 from annotation.selectors import assignment_payload
-from tests.factories import add_member, make_items, make_project, make_user
+from annotation.serving import REPEAT_WINDOW
+from tests.factories import add_member, make_items, make_project, make_round, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -238,6 +247,33 @@ def test_planned_repeats_come_later_with_sides_flipped():
     assert len({r.repeat_of_id for r in repeats}) == len(repeats)
     # Repeats do not count towards overlap.
     assert set(Item.objects.values_list("n_done", flat=True)) == {1}
+
+
+def test_repeats_reach_past_an_early_history_in_closed_rounds():
+    # Given an annotator whose first REPEAT_WINDOW + 4 items are in a round since closed
+    project, (user, *_) = _project(overlap=1, repeat_rate=0.0, repeat_min_gap=1)
+    first, second = make_round(project), make_round(project)
+    rng = random.Random(3)
+
+    def label(n):
+        served = []
+        for _ in range(n):
+            a = services.assignment_next(project_id=project.pk, user=user, rng=rng)
+            services.judgment_submit(assignment_id=a.pk, user=user, choice="A")
+            served.append(a)
+        return served
+
+    make_items(project, REPEAT_WINDOW + 4, round_=first)
+    label(REPEAT_WINDOW + 4)
+    make_items(project, 20, round_=second)
+    later = label(5)
+    Round.objects.filter(pk=first.pk).update(status=Round.Status.CLOSED)
+    Project.objects.filter(pk=project.pk).update(repeat_rate=1.0)
+
+    # When a repeat is drawn, it is of their earliest item still in an open round
+    a = services.assignment_next(project_id=project.pk, user=user, rng=rng)
+    assert a.kind == Assignment.Kind.REPEAT
+    assert a.repeat_of_id == later[0].pk
 
 
 def test_paused_annotator_is_not_served():
