@@ -366,8 +366,6 @@ def _claim_repeat_params(membership: Membership) -> list | None:
         Round.Status.OPEN,
         *_primary_params(project=project, user_id=membership.user_id),
     ]
-    if connection.vendor != "postgresql":
-        return one
     # The windowed claim, then the same over the whole history (`_claim_repeat_sql`).
     return one + one
 
@@ -377,9 +375,7 @@ def _claim_repeat(*, membership: Membership) -> Assignment | None:
     params = _claim_repeat_params(membership)
     if params is None:
         return None
-    found = sql.fetch_one(
-        _claim_repeat_sql(sql.columns(Assignment, "a"), connection.vendor), params, Assignment
-    )
+    found = sql.fetch_one(_claim_repeat_sql(sql.columns(Assignment, "a")), params, Assignment)
     return None if found is None else found[0]
 
 
@@ -415,14 +411,14 @@ REPEAT_WINDOW = 16
 
 
 @functools.cache
-def _claim_repeat_sql(select_list: str, vendor: str = "postgresql") -> str:
+def _claim_repeat_sql(select_list: str) -> str:
     # Drawn for about one item in twenty: written out, as the ORM took longer to compile
     # this query than the whole rest of the request (a tail on every 20th item). The items
     # already repeated are excluded with one hashed read of the annotator's repeats (by
     # their own partial index), as in `_primary_open_sql`: as NOT EXISTS, planned on
     # statistics from before the annotator had any assignment, PostgreSQL scanned the
-    # assignment table once per earlier item (120 ms at 500 judgments). On PostgreSQL the
-    # earliest eligible items are taken without their rounds first (`REPEAT_WINDOW` of
+    # assignment table once per earlier item (120 ms at 500 judgments). The earliest
+    # eligible items are taken without their rounds first (`REPEAT_WINDOW` of
     # them) and only those are looked up in item and round: as one join, planned on such
     # statistics, PostgreSQL joined every eligible item of the annotator's history and
     # sorted them all (a repeat took 2.7 ms of PostgreSQL at 1,400 judgments against 0.8 ms
@@ -452,8 +448,6 @@ def _claim_repeat_sql(select_list: str, vendor: str = "postgresql") -> str:
         JOIN "{rounds}" ar ON ar."id" = ai."round_id"
         WHERE {eligible("a")} AND ar."status" = %s AND EXISTS (SELECT 1 {primary_open})
         ORDER BY a."seq" LIMIT 1"""
-    if vendor != "postgresql":
-        return whole
     # The window is read once, and each of its rows' round looked up by its item's primary
     # key in a subquery run per row: as a join, planned on such statistics, PostgreSQL
     # re-read the window once per assignment of the annotator, or found each row's

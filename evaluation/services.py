@@ -508,8 +508,9 @@ def _qc_schedule(project_id: int) -> tuple[bool, int]:
 
 # A check reads the annotator's whole history since their last resume, so its cost grows with
 # it: checked every N judgments for good, an annotator's checks would cost in total the square
-# of their count. After this many checks the spacing doubles each time the count does, which
-# keeps the gap within 1/QC_EVEN_CHECKS of the count and the checks' cost per judgment bounded.
+# of their count. From their 2 * QC_EVEN_CHECKS-th check on, the spacing doubles each time the
+# count does, which keeps the gap within 1/QC_EVEN_CHECKS of the count and the checks' cost
+# per judgment bounded.
 QC_EVEN_CHECKS = 8
 
 
